@@ -1,0 +1,194 @@
+"""SpyNet optical flow and flow-based warping, shared by VRT and RVRT.
+
+State-dict names match the reference (``basic_module.{0..5}.basic_module.{0,2,4,6,8}.*`` plus the
+persistent ``mean``/``std`` buffers), so the official ``spynet_sintel_final-3d2a1287.pth`` and the
+SpyNet part of every released VRT/RVRT checkpoint load strictly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
+
+SPYNET_URL = 'https://github.com/JingyunLiang/VRT/releases/download/v0.0/spynet_sintel_final-3d2a1287.pth'
+SPYNET_SHA256_PREFIX = '3d2a1287'
+
+
+def _base_grid(h: int, w: int, device: torch.device) -> Tensor:
+    """Pixel coordinates ``(H, W, 2)`` in fp32, last axis ordered (x, y)."""
+    grid_y, grid_x = torch.meshgrid(
+        torch.arange(h, dtype=torch.float32, device=device),
+        torch.arange(w, dtype=torch.float32, device=device),
+        indexing='ij',
+    )
+    return torch.stack((grid_x, grid_y), dim=2)
+
+
+def _normalise(coord: Tensor, size: int) -> Tensor:
+    """Map pixel coordinates to grid_sample's [-1, 1] (align_corners=True convention)."""
+    return 2.0 * coord / max(size - 1, 1) - 1.0
+
+
+def flow_warp(
+    x: Tensor,
+    flow: Tensor,
+    interp_mode: str = 'bilinear',
+    padding_mode: str = 'zeros',
+    align_corners: bool = True,
+) -> Tensor:
+    """Warp an image or feature map with optical flow.
+
+    Sampling runs in fp32 whatever the input dtype (sub-pixel coordinates do not survive bf16), and the
+    result is cast back to ``x.dtype``.
+
+    Args:
+        x: (N, C, H, W) image or features.
+        flow: (N, H, W, 2) flow in pixels, last axis (dx, dy).
+        interp_mode: 'bilinear', 'nearest' or 'nearest4'. 'nearest4' samples the four integer neighbours
+            (floor/ceil combinations, ordered x-floor/y-floor, x-floor/y-ceil, x-ceil/y-floor, x-ceil/y-ceil)
+            and concatenates them along channels; it passes no gradient to the flow.
+        padding_mode: 'zeros', 'border' or 'reflection'.
+        align_corners: passed to ``F.grid_sample``.
+
+    Returns:
+        (N, C, H, W), or (N, 4C, H, W) for 'nearest4'.
+    """
+    n, c, h, w = x.shape
+    vgrid = _base_grid(h, w, x.device) + flow.float()
+    src = x.float()
+    if interp_mode == 'nearest4':
+        gx, gy = vgrid[..., 0], vgrid[..., 1]
+        x0, x1 = _normalise(torch.floor(gx), w), _normalise(torch.ceil(gx), w)
+        y0, y1 = _normalise(torch.floor(gy), h), _normalise(torch.ceil(gy), h)
+        # one grid_sample call: the four sampling grids are stacked along the output height
+        grid = torch.cat(
+            [torch.stack(pair, dim=3) for pair in ((x0, y0), (x0, y1), (x1, y0), (x1, y1))], dim=1
+        )  # (N, 4H, W, 2)
+        out = F.grid_sample(src, grid, mode='nearest', padding_mode=padding_mode, align_corners=align_corners)
+        out = out.view(n, c, 4, h, w).transpose(1, 2).reshape(n, 4 * c, h, w)
+        return out.to(x.dtype)
+    grid = torch.stack((_normalise(vgrid[..., 0], w), _normalise(vgrid[..., 1], h)), dim=3)
+    out = F.grid_sample(src, grid, mode=interp_mode, padding_mode=padding_mode, align_corners=align_corners)
+    return out.to(x.dtype)
+
+
+class _BasicModule(nn.Module):
+    """One SpyNet pyramid level: five 7x7 convolutions, 8 -> 32 -> 64 -> 32 -> 16 -> 2 channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        chans = (8, 32, 64, 32, 16, 2)
+        layers: list[nn.Module] = []
+        for i in range(5):
+            layers.append(nn.Conv2d(chans[i], chans[i + 1], kernel_size=7, stride=1, padding=3))
+            if i < 4:
+                layers.append(nn.ReLU(inplace=False))
+        self.basic_module = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (N, 8, H, W) -> residual flow (N, 2, H, W)."""
+        return self.basic_module(x)
+
+
+class SpyNet(nn.Module):
+    """SpyNet (Ranjan & Black, 2017) coarse-to-fine optical flow over a 6-level pyramid.
+
+    Args:
+        load_path: file holding ``{'params': state_dict}`` (the official Sintel-final weights). ``None``
+            keeps random weights (used when a full VRT/RVRT checkpoint is loaded afterwards). A path that
+            does not exist is an error: fetch it with ``scripts/download_spynet.py`` or
+            ``utils.utils_download.ensure_spynet``. Nothing is downloaded here.
+        return_levels: pyramid levels to return (5 = full resolution, 4 = 1/2, 3 = 1/4, 2 = 1/8).
+    """
+
+    def __init__(self, load_path: str | os.PathLike | None = None, return_levels: Sequence[int] = (5,)) -> None:
+        super().__init__()
+        bad = [lvl for lvl in return_levels if not 0 <= int(lvl) <= 5]
+        if bad or not return_levels:
+            raise ValueError(f'SpyNet return_levels must be a non-empty subset of 0..5, got {list(return_levels)}')
+        self.return_levels = tuple(int(lvl) for lvl in return_levels)
+        self.basic_module = nn.ModuleList([_BasicModule() for _ in range(6)])
+        self.register_buffer('mean', torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+        self.register_buffer('std', torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
+        if load_path is not None:
+            self.load_pretrained(load_path)
+
+    def load_pretrained(self, load_path: str | os.PathLike) -> None:
+        """Load ``{'params': ...}`` weights from a local file (mean/std may be absent from it)."""
+        path = os.fspath(load_path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f'SpyNet weights not found at {path!r}. Download them once with '
+                f'`python scripts/download_spynet.py --out {path}` (or utils.utils_download.ensure_spynet), '
+                f'from {SPYNET_URL}; or set spynet_path to null to start from random SpyNet weights '
+                f'(only sensible when a full checkpoint is loaded afterwards).'
+            )
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        if not isinstance(ckpt, dict) or 'params' not in ckpt:
+            keys = list(ckpt)[:5] if isinstance(ckpt, dict) else type(ckpt).__name__
+            raise KeyError(f"SpyNet file {path!r} has no 'params' entry (found {keys})")
+        state = dict(ckpt['params'])
+        state.setdefault('mean', self.mean)
+        state.setdefault('std', self.std)
+        self.load_state_dict(state, strict=True)
+        logger.info('Loaded SpyNet weights from %s', path)
+
+    def _process(self, ref: Tensor, supp: Tensor, h: int, w: int) -> list[Tensor]:
+        """Coarse-to-fine estimation on inputs already resized to multiples of 32."""
+        h_floor, w_floor = ref.shape[2:]
+        pair = (torch.cat([ref, supp], 0) - self.mean) / self.std
+        pyramid = [pair]
+        for _ in range(5):
+            pyramid.insert(0, F.avg_pool2d(pyramid[0], kernel_size=2, stride=2, count_include_pad=False))
+        n = ref.shape[0]
+        coarse = pyramid[0]
+        flow = coarse.new_zeros(n, 2, coarse.shape[2] // 2, coarse.shape[3] // 2)
+        flows: list[Tensor] = []
+        for level, level_pair in enumerate(pyramid):
+            ref_l, supp_l = level_pair[:n], level_pair[n:]
+            up = F.interpolate(flow, scale_factor=2, mode='bilinear', align_corners=True) * 2.0
+            if up.shape[2] != ref_l.shape[2]:
+                up = F.pad(up, [0, 0, 0, 1], mode='replicate')
+            if up.shape[3] != ref_l.shape[3]:
+                up = F.pad(up, [0, 1, 0, 0], mode='replicate')
+            warped = flow_warp(supp_l, up.permute(0, 2, 3, 1), interp_mode='bilinear', padding_mode='border')
+            flow = self.basic_module[level](torch.cat([ref_l, warped, up], 1)) + up
+            if level in self.return_levels:
+                scale = 2 ** (5 - level)
+                out = F.interpolate(flow, size=(h // scale, w // scale), mode='bilinear', align_corners=False)
+                factor = out.new_tensor(
+                    [float(w // scale) / float(w_floor // scale), float(h // scale) / float(h_floor // scale)]
+                )
+                flows.insert(0, out * factor.view(1, 2, 1, 1))
+        return flows
+
+    def forward(self, ref: Tensor, supp: Tensor) -> Tensor | list[Tensor]:
+        """Estimate the flow that warps ``supp`` onto ``ref``.
+
+        Args:
+            ref: (N, 3, H, W) RGB in [0, 1]; H and W must exceed 32 (the coarsest level is 1/32).
+            supp: (N, 3, H, W) RGB in [0, 1].
+
+        Returns:
+            (N, 2, H, W) flow when one level is requested; otherwise a list, finest first, whose entry for
+            level ``l`` has shape (N, 2, H // 2**(5-l), W // 2**(5-l)).
+        """
+        if ref.shape != supp.shape:
+            raise ValueError(f'SpyNet ref and supp shapes differ: {tuple(ref.shape)} vs {tuple(supp.shape)}')
+        h, w = ref.shape[2:]
+        if h <= 32 or w <= 32:
+            raise ValueError(f'SpyNet needs H and W above 32 pixels, got {h}x{w}')
+        h_floor = math.ceil(h / 32.0) * 32
+        w_floor = math.ceil(w / 32.0) * 32
+        ref = F.interpolate(ref, size=(h_floor, w_floor), mode='bilinear', align_corners=False)
+        supp = F.interpolate(supp, size=(h_floor, w_floor), mode='bilinear', align_corners=False)
+        flows = self._process(ref, supp, h, w)
+        return flows[0] if len(flows) == 1 else flows
