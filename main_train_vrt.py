@@ -1,0 +1,64 @@
+"""Train VRT/RVRT from a KAIR-format option file.
+
+    python main_train_vrt.py --opt options/vrt/000_train_vrt_demo.json [--set train.total_iter=10 ...]
+    torchrun --nproc_per_node=8 main_train_vrt.py --opt options/vrt/001_train_vrt_videosr_bi_reds_6frames.json
+
+The distributed mode comes from the launcher's environment (``WORLD_SIZE > 1``); the legacy ``--dist``,
+``--launcher`` and ``--local_rank``/``--local-rank`` flags are accepted and ignored. Re-running the same command
+resumes from the newest complete checkpoint in ``experiments/<task>/models/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from models.model_plain import NonFiniteLossError
+from utils import utils_dist, utils_option
+from utils.utils_checkpoint import CheckpointError
+from utils.utils_dataloader import BatchSplitError
+from utils.utils_logger import setup_logger
+from utils.utils_train import ConfigError, ResumeError, train
+
+USER_ERRORS = (utils_option.OptionError, utils_dist.DistError, ConfigError, ResumeError, BatchSplitError,
+               CheckpointError, NonFiniteLossError, FileNotFoundError)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--opt", default="options/vrt/000_train_vrt_demo.json", help="KAIR-format JSON option file")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override options with dotted keys, e.g. train.total_iter=10 (values parse as JSON)")
+    parser.add_argument("--dist", default=None, help="ignored (legacy): distributed mode comes from WORLD_SIZE")
+    parser.add_argument("--launcher", default=None, help="ignored (legacy)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                        help="legacy torch.distributed.launch argument; only fills LOCAL_RANK when it is unset")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    utils_dist.apply_legacy_local_rank(args.local_rank)
+    rank = utils_dist.world_info_from_env()[0] if "RANK" in os.environ else 0
+    try:
+        opt = utils_option.parse(args.opt, args.set)
+        dist_info = utils_dist.init_dist(opt.get("dist_backend"), opt.get("dist_timeout"))
+        try:
+            rank = dist_info.rank
+            setup_logger(os.path.join(opt["path"]["log"], "train.log") if dist_info.is_master else None, rank)
+            utils_option.save(opt, sys.argv)
+            logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt))
+            train(opt, dist_info)
+        finally:
+            utils_dist.destroy_dist()
+    except USER_ERRORS as exc:
+        prefix = f"[rank {rank}] " if rank else ""
+        sys.stderr.write(f"{prefix}error: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""ModelBase: device placement, DDP wrapping, EMA, checkpoint I/O and LR scheduling.
+
+The contract (KAIR's): ``feed_data``, ``optimize_parameters(step)``, ``test``, ``current_log``,
+``current_visuals``, ``save(step)``, ``load()``, ``update_learning_rate(step)``, ``current_learning_rate()``.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import logging
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from models.lr_scheduler import ClosedFormLR
+from models.select_network import define_G
+from utils import utils_checkpoint as ckpt
+from utils import utils_dist
+from utils.utils_dist import DistInfo
+
+logger = logging.getLogger(__name__)
+
+
+class ModelBase(abc.ABC):
+    """Holds the generator ``net_g`` (bare), its training handle ``netG`` (DDP or bare) and the EMA ``net_e``.
+
+    Args:
+        opt: parsed options (read-only).
+        dist_info: this process's rank, world size and device.
+    """
+
+    def __init__(self, opt: dict[str, Any], dist_info: DistInfo) -> None:
+        self.opt = opt
+        self.dist = dist_info
+        self.device = dist_info.device
+        self.train_opt: dict[str, Any] = opt.get("train", {})
+        self.models_dir: str = opt["path"]["models"]
+        self.net_g: nn.Module = define_G(opt).to(self.device)
+        self.netG: nn.Module = self.net_g
+        self.net_e: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: ClosedFormLR | None = None
+        self.log_dict: dict[str, float] = {}
+
+    # ----- abstract contract
+    @abc.abstractmethod
+    def init_train(self) -> None:
+        """Build loss, optimizer and scheduler, wrap for DDP, load weights."""
+
+    @abc.abstractmethod
+    def feed_data(self, data: dict[str, Any], need_H: bool = True) -> None:
+        """Take a batch from the loader."""
+
+    @abc.abstractmethod
+    def optimize_parameters(self, step: int) -> None:
+        """Run one optimisation step (all its accumulation micro-batches were fed by the caller)."""
+
+    @abc.abstractmethod
+    def test(self) -> None:
+        """Inference on the fed data (bare or EMA network, never through DDP)."""
+
+    @abc.abstractmethod
+    def current_visuals(self) -> dict[str, torch.Tensor]:
+        """``{'L', 'E', 'H'}`` of the first item of the batch, on the CPU."""
+
+    # ----- devices and wrapping
+    def wrap(self) -> None:
+        """(Re-)wrap ``net_g`` in DDP under a process group; the bare network otherwise. No DataParallel."""
+        net = self.net_g
+        if self.opt.get("sync_bn") and self.dist.distributed:
+            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+            self.net_g = net
+        if self.train_opt.get("compile"):
+            net = torch.compile(net)
+        if self.dist.distributed:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            net = DistributedDataParallel(net, device_ids=device_ids,
+                                          find_unused_parameters=bool(self.opt.get("find_unused_parameters")))
+        self.netG = net
+
+    def eval_network(self) -> nn.Module:
+        """The network used for inference: EMA when ``E_decay > 0``, else the bare generator."""
+        return self.net_e if self.net_e is not None else self.net_g
+
+    # ----- EMA
+    def define_ema(self) -> None:
+        if self.train_opt.get("E_decay", 0) > 0:
+            self.net_e = copy.deepcopy(self.net_g).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update_E(self, decay: float) -> None:
+        """``E = decay * E + (1 - decay) * G`` over parameters; buffers are copied."""
+        if self.net_e is None:
+            return
+        for p_e, p_g in zip(self.net_e.parameters(), self.net_g.parameters()):
+            p_e.lerp_(p_g.detach(), 1.0 - decay)
+        for b_e, b_g in zip(self.net_e.buffers(), self.net_g.buffers()):
+            b_e.copy_(b_g)
+
+    # ----- learning rate
+    def update_learning_rate(self, step: int) -> None:
+        """Set the LR of step ``step`` (closed form), before its update."""
+        if self.scheduler is not None:
+            self.scheduler.set_step(step)
+
+    def current_learning_rate(self) -> float:
+        """LR of parameter group 0 (as KAIR logs it)."""
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+
+    def current_log(self) -> dict[str, float]:
+        return dict(self.log_dict)
+
+    # ----- checkpoints
+    def _path(self, step: int, label: str) -> str:
+        return os.path.join(self.models_dir, f"{step}_{label}.pth")
+
+    def save(self, step: int, train_state: dict[str, Any]) -> None:
+        """Write ``{step}_G/E/optimizerG.pth`` and then ``{step}_state.pth`` (rank 0), then a barrier.
+
+        Args:
+            step: the completed optimisation step.
+            train_state: loop state (epoch, sampler position, RNG of every rank, best metric); the scheduler and
+                scaler states are added here.
+        """
+        self._write_checkpoint(step, train_state)
+        utils_dist.barrier()
+
+    @utils_dist.master_only
+    def _write_checkpoint(self, step: int, train_state: dict[str, Any]) -> None:
+        to_cpu = {k: v.detach().cpu() for k, v in self.net_g.state_dict().items()}
+        ckpt.atomic_save({"params": to_cpu}, self._path(step, "G"))
+        if self.net_e is not None:
+            ema = {k: v.detach().cpu() for k, v in self.net_e.state_dict().items()}
+            ckpt.atomic_save({"params_ema": ema}, self._path(step, "E"))
+        if self.optimizer is not None:
+            ckpt.atomic_save(self.optimizer.state_dict(), self._path(step, "optimizerG"))
+        state = dict(train_state, step=step, scheduler=self.scheduler.state_dict() if self.scheduler else None,
+                     scaler=self.scaler_state())
+        ckpt.atomic_save(state, self._path(step, "state"))
+        logger.info("Saving the model. Step %d -> %s", step, self.models_dir)
+
+    def scaler_state(self) -> dict[str, Any] | None:
+        return None
+
+    def load_scaler_state(self, state: dict[str, Any] | None) -> None:
+        del state
+
+    def load_pretrained(self) -> None:
+        """Load ``path.pretrained_netG``/``pretrained_netE`` (used only when there is nothing to resume)."""
+        path_g = self.opt["path"].get("pretrained_netG")
+        if path_g:
+            logger.info("Loading pretrained netG [%s]", path_g)
+            ckpt.load_network(self.net_g, path_g, "params", strict=self.train_opt.get("G_param_strict", True))
+        if self.net_e is not None:
+            path_e = self.opt["path"].get("pretrained_netE")
+            if path_e:
+                logger.info("Loading pretrained netE [%s]", path_e)
+                ckpt.load_network(self.net_e, path_e, "params_ema", strict=self.train_opt.get("E_param_strict", True))
+            else:
+                self.update_E(0.0)
+
+    def load_resume(self, step: int) -> dict[str, Any]:
+        """Restore weights, EMA, optimizer, scheduler and scaler of complete step ``step``.
+
+        Returns:
+            The saved loop state (epoch, sampler position, RNG states, best metric).
+        """
+        ckpt.load_network(self.net_g, self._path(step, "G"), "params", strict=True)
+        if self.net_e is not None:
+            path_e = self._path(step, "E")
+            if os.path.isfile(path_e):
+                ckpt.load_network(self.net_e, path_e, "params_ema", strict=True)
+            else:
+                self.update_E(0.0)
+        opt_path = self._path(step, "optimizerG")
+        if self.optimizer is not None and os.path.isfile(opt_path):
+            self.optimizer.load_state_dict(ckpt.safe_load(opt_path, map_location=self.device))
+        state = ckpt.safe_load(self._path(step, "state"))
+        if self.scheduler is not None and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.load_scaler_state(state.get("scaler"))
+        return state

@@ -1,0 +1,101 @@
+"""ModelVRT: the ``fix_iter``/``fix_keys``/``fix_lr_mul`` warm-up phases and tiled video inference (VRT and RVRT).
+
+Semantics (KAIR's): parameters whose name contains any of ``fix_keys`` form their own parameter group with LR
+``lr * fix_lr_mul`` for the whole run; before step ``fix_iter`` they are frozen (not updated). ``fix_iter: -1``
+freezes nothing but keeps the multiplier.
+
+Unlike KAIR, the phase change works under DDP without a static graph, a planned crash or a relabelled step:
+the frozen parameters get ``requires_grad=False`` on the bare network *before* DDP wraps it, and at the first
+step of the unfrozen phase the network is re-wrapped (a new reducer over the new set of trainable parameters).
+Activation checkpointing is non-reentrant, so DDP needs neither ``static_graph`` nor ``find_unused_parameters``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from models.model_plain import ModelPlain
+from models.video_inference import infer_video
+
+logger = logging.getLogger(__name__)
+
+
+class ModelVRT(ModelPlain):
+    """Training model for VRT/RVRT (``"model": "vrt"`` in the option file)."""
+
+    def init_train(self) -> None:
+        t = self.train_opt
+        self.fix_iter = int(t.get("fix_iter", 0) or 0)
+        self.fix_keys = list(t.get("fix_keys", []) or [])
+        self.fix_lr_mul = float(t.get("fix_lr_mul", 1.0))
+        self.frozen = False
+        super().init_train()
+
+    def _is_fixed(self, name: str) -> bool:
+        return any(key in name for key in self.fix_keys)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """``[normal, fixed]`` groups (KAIR's order) when ``fix_iter`` is set and ``fix_lr_mul != 1``."""
+        named = list(self.net_g.named_parameters())
+        if not (self.fix_iter and self.fix_keys) or self.fix_lr_mul == 1:
+            return [{"params": [p for _, p in named]}]
+        lr = self.train_opt.get("G_optimizer_lr", 2e-4)
+        normal = [p for n, p in named if not self._is_fixed(n)]
+        fixed = [p for n, p in named if self._is_fixed(n)]
+        return [{"params": normal, "lr": lr}, {"params": fixed, "lr": lr * self.fix_lr_mul}]
+
+    def set_phase(self, step: int) -> None:
+        """Freeze ``fix_keys`` parameters for steps ``< fix_iter`` and unfreeze them at ``fix_iter``.
+
+        Called before every step (and after a resume); re-wraps DDP when the trainable set changes.
+        """
+        want_frozen = bool(self.fix_keys) and self.fix_iter > 0 and step < self.fix_iter
+        if want_frozen == self.frozen:
+            return
+        names = [n for n, _ in self.net_g.named_parameters() if self._is_fixed(n)]
+        for name, param in self.net_g.named_parameters():
+            if self._is_fixed(name):
+                param.requires_grad_(not want_frozen)
+        self.frozen = want_frozen
+        verb = "Freeze" if want_frozen else "Unfreeze"
+        logger.info("%s %d parameters matching %s at step %d", verb, len(names), self.fix_keys, step)
+        self.wrap()
+
+    def train_micro_batches(self, batches: Iterator[dict[str, Any]], step: int) -> None:
+        self.set_phase(step)
+        super().train_micro_batches(batches, step)
+
+    # ----- tiled inference
+    def infer(self, lq: torch.Tensor, net: torch.nn.Module | None = None) -> torch.Tensor:
+        """Tiled inference of a whole video with the ``val`` options.
+
+        Args:
+            lq: ``(B, D, C, h, w)`` in [0, 1] (any device; tiles move to the training device).
+            net: the network (default: EMA or bare generator).
+
+        Returns:
+            ``(B, D', 3, h * scale, w * scale)`` float32 on the CPU.
+        """
+        val = self.opt.get("val", {})
+        net_opt = self.opt["netG"]
+        net = net if net is not None else self.eval_network()
+        was_training = net.training
+        net.eval()
+        try:
+            with torch.inference_mode():
+                return infer_video(
+                    net, lq, scale=int(self.opt.get("scale", 1)), window_size=net_opt.get("window_size", (6, 8, 8)),
+                    num_frame_testing=val.get("num_frame_testing", 0),
+                    num_frame_overlapping=val.get("num_frame_overlapping", 2),
+                    size_patch_testing=val.get("size_patch_testing", 0), overlap_size=val.get("overlap_size", 20),
+                    nonblind_denoising=bool(net_opt.get("nonblind_denoising", False)),
+                    vfi=net_opt.get("net_type", "").lower() == "vrt" and net_opt.get("pa_frames", 2) == 0,
+                    pad_seq=val.get("pad_seq", False), flip_seq=val.get("flip_seq", False),
+                    center_frame_only=val.get("center_frame_only", False), device=self.device,
+                    autocast_dtype=self.amp_dtype)
+        finally:
+            net.train(was_training)

@@ -1,0 +1,51 @@
+"""A small convolutional video restoration baseline (for smoke tests and very fast experiments)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class VideoConvBaseline(nn.Module):
+    """Per-frame residual CNN with a temporal (3, 3, 3) convolution and pixel-shuffle upsampling.
+
+    Args:
+        upscale: spatial scale factor (1, 2 or 4).
+        in_chans: input channels (4 for non-blind denoising: RGB + noise map).
+        out_chans: output channels.
+        num_feat: feature width.
+        num_block: number of residual blocks.
+    """
+
+    def __init__(self, upscale: int = 4, in_chans: int = 3, out_chans: int = 3, num_feat: int = 32,
+                 num_block: int = 3) -> None:
+        super().__init__()
+        self.upscale = upscale
+        self.out_chans = out_chans
+        self.conv_first = nn.Conv3d(in_chans, num_feat, (3, 3, 3), padding=1)
+        self.body = nn.ModuleList(
+            nn.Sequential(nn.Conv3d(num_feat, num_feat, (1, 3, 3), padding=(0, 1, 1)), nn.LeakyReLU(0.1, True),
+                          nn.Conv3d(num_feat, num_feat, (1, 3, 3), padding=(0, 1, 1)))
+            for _ in range(num_block))
+        self.conv_up = nn.Conv2d(num_feat, out_chans * upscale * upscale, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Restore a clip.
+
+        Args:
+            x: ``(N, D, C, h, w)`` in [0, 1].
+
+        Returns:
+            ``(N, D, out_chans, h * upscale, w * upscale)``.
+        """
+        n, d, _, h, w = x.shape
+        feat = F.leaky_relu(self.conv_first(x.transpose(1, 2)), 0.1)
+        for block in self.body:
+            feat = feat + block(feat)
+        feat = feat.transpose(1, 2).reshape(n * d, -1, h, w)
+        out = F.pixel_shuffle(self.conv_up(feat), self.upscale)
+        base = x[:, :, : self.out_chans].reshape(n * d, self.out_chans, h, w)
+        if self.upscale > 1:
+            base = F.interpolate(base, scale_factor=self.upscale, mode="bilinear", align_corners=False)
+        return (out + base).reshape(n, d, self.out_chans, h * self.upscale, w * self.upscale)

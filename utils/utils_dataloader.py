@@ -1,0 +1,152 @@
+"""Training data loading: batch split over processes, a resumable distributed sampler, per-item seeding.
+
+Each training item is produced under RNG states seeded from ``(seed, epoch, index)``, so an item's random
+crop, flips and noise depend neither on the process nor on the worker that loads it. This is what makes
+``2 processes x batch 1 == 1 process x batch 2`` and a resumed run bit-identical to an uninterrupted one, with
+or without loader workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+logger = logging.getLogger(__name__)
+
+
+class BatchSplitError(ValueError):
+    """The total batch does not divide over the processes and accumulation steps."""
+
+
+def split_batch(total: int, world_size: int, accum_steps: int = 1) -> int:
+    """Per-process batch for a total (global) batch: ``total = per_process x world_size x accum_steps``.
+
+    Raises:
+        BatchSplitError: with the values that would work.
+    """
+    parts = world_size * accum_steps
+    if total >= parts and total % parts == 0:
+        return total // parts
+    batches = [parts * k for k in range(1, 5)]
+    procs = [n for n in range(1, total + 1) if total % (n * accum_steps) == 0]
+    accums = [a for a in range(1, total + 1) if total % (world_size * a) == 0]
+    hint = f"set datasets.train.dataloader_batch_size to one of {batches}"
+    if procs:
+        hint += f", or run {' / '.join(map(str, procs[:6]))} processes"
+    if accums:
+        hint += f", or set train.grad_accum_steps to one of {accums[:6]}"
+    raise BatchSplitError(f"datasets.train.dataloader_batch_size={total} does not divide over {world_size} "
+                          f"process(es) x {accum_steps} accumulation step(s); {hint}")
+
+
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A 32-bit seed for one training item."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """Run a block with ``random``, NumPy and torch (CPU) seeded from ``seed``; restore their states after."""
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+
+
+class SeededItems(Dataset):
+    """Wrap a dataset so that item ``(epoch, index)`` is drawn under RNGs seeded from ``(seed, epoch, index)``."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        with seeded_rng(item_seed(self.seed, epoch, index)):
+            return self.dataset[index]
+
+
+class ResumableSampler(DistributedSampler):
+    """``DistributedSampler`` that yields ``(epoch, index)`` keys and can skip the start of an epoch.
+
+    Args:
+        dataset: the dataset (only its length is used).
+        num_replicas: world size.
+        rank: this process's rank.
+        shuffle: reshuffle every epoch (``set_epoch`` is called by the loop).
+        seed: the seed all ranks agree on.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, shuffle: bool, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+        self.skip = 0
+
+    def set_position(self, epoch: int, skip: int) -> None:
+        """Start epoch ``epoch`` after its first ``skip`` indices of this rank (resume mid-epoch)."""
+        self.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
+        indices = list(super().__iter__())[self.skip:]
+        self.skip = 0
+        return iter([(self.epoch, i) for i in indices])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def worker_init_fn(worker_id: int) -> None:
+    """Give each loader worker distinct module RNG streams (items are re-seeded per item anyway)."""
+    base = torch.initial_seed() % 2**32
+    random.seed(base + worker_id)
+    np.random.seed((base + worker_id) % 2**32)
+
+
+def build_train_loader(dataset: Dataset, dataset_opt: dict[str, Any], *, rank: int, world_size: int, seed: int,
+                       accum_steps: int, pin_memory: bool, timeout: float = 0) -> tuple[DataLoader, ResumableSampler]:
+    """A training DataLoader with KAIR's totals split over processes.
+
+    Args:
+        dataset: the training dataset.
+        dataset_opt: ``datasets.train`` options (``dataloader_batch_size`` and ``dataloader_num_workers`` are
+            totals over all processes, as in KAIR).
+        rank: global rank.
+        world_size: number of processes.
+        seed: the seed all ranks agree on.
+        accum_steps: gradient accumulation steps.
+        pin_memory: pin host memory (CUDA training).
+        timeout: seconds a batch may take before the loader raises (0 = wait forever).
+
+    Returns:
+        ``(loader, sampler)``.
+    """
+    total = int(dataset_opt.get("dataloader_batch_size", 1))
+    per_process = split_batch(total, world_size, accum_steps)
+    workers = int(dataset_opt.get("dataloader_num_workers", 0)) // world_size
+    sampler = ResumableSampler(dataset, world_size, rank, bool(dataset_opt.get("dataloader_shuffle", True)), seed)
+    if len(sampler) < per_process:
+        raise ValueError(f"the training set has {len(dataset)} items, too few for a batch of {per_process} on each "
+                         f"of {world_size} process(es)")
+    loader = DataLoader(SeededItems(dataset, seed), batch_size=per_process, sampler=sampler, num_workers=workers,
+                        drop_last=True, pin_memory=pin_memory, worker_init_fn=worker_init_fn,
+                        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+                        timeout=timeout if workers > 0 else 0)
+    logger.info("Global batch %d = %d per process x %d process(es) x %d accumulation step(s); %d loader worker(s) "
+                "per process", total, per_process, world_size, accum_steps, workers)
+    return loader, sampler

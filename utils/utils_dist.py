@@ -1,0 +1,269 @@
+"""The one source of distributed truth: rank, local rank, world size, device and collectives.
+
+Everything is read from the environment that the launcher sets:
+
+* torchrun / ``torch.distributed.run`` / ``torch.distributed.launch``: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+  ``MASTER_ADDR``, ``MASTER_PORT``;
+* SLURM ``srun`` (fallback when ``RANK`` is absent): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``,
+  and ``SLURM_NODELIST``/``SLURM_JOB_NODELIST`` for the master address;
+* the legacy ``--local_rank``/``--local-rank`` argument only fills ``LOCAL_RANK`` when the environment lacks it.
+
+Nothing here writes ``CUDA_VISIBLE_DEVICES``; the device of a process is ``cuda:LOCAL_RANK`` among the GPUs it
+can see, or the CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 1800
+
+
+class DistInfo(NamedTuple):
+    """Where this process stands in the job.
+
+    Attributes:
+        rank: global rank in ``[0, world_size)``.
+        local_rank: rank on this node; selects the GPU.
+        world_size: number of processes in the job.
+        device: ``cuda:LOCAL_RANK`` or ``cpu``.
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+
+class DistError(RuntimeError):
+    """A launch or environment problem, reported as one line."""
+
+
+def _int_env(env: Mapping[str, str], key: str) -> int | None:
+    value = env.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise DistError(f"environment variable {key}={value!r} is not an integer") from exc
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """Return the first host name of a SLURM node list such as ``gpu[01-04,07],cpu3``.
+
+    Args:
+        nodelist: the compressed host list SLURM puts in ``SLURM_NODELIST``.
+
+    Returns:
+        The first host, e.g. ``gpu01``.
+    """
+    first = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
+    match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", first)
+    if not match:
+        return first
+    prefix, ranges, suffix = match.groups()
+    start = ranges.split(",")[0].split("-")[0]
+    return f"{prefix}{start}{suffix}"
+
+
+def world_info_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """Read ``(rank, local_rank, world_size)`` from torchrun's variables, else SLURM's, else a single process.
+
+    Args:
+        env: the environment to read (defaults to ``os.environ``); passed explicitly by tests.
+
+    Returns:
+        ``(rank, local_rank, world_size)``.
+    """
+    env = os.environ if env is None else env
+    world_size = _int_env(env, "WORLD_SIZE")
+    rank = _int_env(env, "RANK")
+    local_rank = _int_env(env, "LOCAL_RANK")
+    if rank is None and world_size is None and _int_env(env, "SLURM_NTASKS") is not None:
+        rank = _int_env(env, "SLURM_PROCID") or 0
+        local_rank = _int_env(env, "SLURM_LOCALID") or 0
+        world_size = _int_env(env, "SLURM_NTASKS") or 1
+    world_size = 1 if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    local_rank = rank if local_rank is None and world_size == 1 else (local_rank or 0)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DistError(f"invalid distributed environment: RANK={rank}, WORLD_SIZE={world_size} "
+                        "(need 0 <= RANK < WORLD_SIZE)")
+    return rank, local_rank, world_size
+
+
+def apply_legacy_local_rank(local_rank: int | None, env: dict[str, str] | None = None) -> None:
+    """Fill ``LOCAL_RANK`` from a legacy ``--local_rank`` argument when the environment lacks it."""
+    env = os.environ if env is None else env
+    if local_rank is not None and "LOCAL_RANK" not in env:
+        env["LOCAL_RANK"] = str(local_rank)
+
+
+def _fill_slurm_rendezvous(env: dict[str, str]) -> None:
+    """Under plain ``srun``, export the variables ``init_process_group('env://')`` needs."""
+    if "RANK" in env or "SLURM_NTASKS" not in env:
+        return
+    rank, local_rank, world_size = world_info_from_env(env)
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+    env.setdefault("MASTER_ADDR", first_slurm_host(nodelist))
+    env.setdefault("MASTER_PORT", "29500")
+    env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
+
+
+def select_device(local_rank: int, device: str | None = None) -> torch.device:
+    """Pick ``cuda:LOCAL_RANK`` when CUDA is usable (unless ``device='cpu'``), else the CPU.
+
+    Raises:
+        DistError: ``LOCAL_RANK`` is beyond the visible GPUs.
+    """
+    if device == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        raise DistError(f"LOCAL_RANK={local_rank} but only {count} GPU(s) are visible "
+                        f"(CUDA_VISIBLE_DEVICES={visible}); start at most {count} processes per node "
+                        f"(torchrun --nproc_per_node={count})")
+    return torch.device("cuda", local_rank)
+
+
+def get_dist_info() -> DistInfo:
+    """Return this process's :class:`DistInfo`; valid before and after :func:`init_dist`."""
+    rank, local_rank, world_size = world_info_from_env()
+    return DistInfo(rank, local_rank, world_size, select_device(local_rank, os.environ.get("VRT_DEVICE")))
+
+
+def init_dist(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Initialise the process group from the environment (a no-op for one process).
+
+    Args:
+        backend: ``nccl``/``gloo``; default ``nccl`` with CUDA, else ``gloo``. The ``VRT_DIST_BACKEND``
+            environment variable overrides the default.
+        timeout_s: collective timeout in seconds (default 1800, or ``VRT_DIST_TIMEOUT``).
+
+    Returns:
+        The :class:`DistInfo` of this process.
+    """
+    _fill_slurm_rendezvous(os.environ)  # type: ignore[arg-type]
+    info = get_dist_info()
+    if info.device.type == "cuda":
+        torch.cuda.set_device(info.device)
+    if not info.distributed or dist.is_initialized():
+        return info
+    backend = backend or os.environ.get("VRT_DIST_BACKEND") or ("nccl" if info.device.type == "cuda" else "gloo")
+    if backend == "nccl" and info.device.type != "cuda":
+        raise DistError("dist_backend 'nccl' needs CUDA; use 'gloo' on the CPU")
+    timeout = float(timeout_s or os.environ.get("VRT_DIST_TIMEOUT") or DEFAULT_TIMEOUT_S)
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout)}
+    if backend == "nccl":
+        kwargs["device_id"] = info.device
+    dist.init_process_group(**kwargs)
+    logger.debug("process group up: %s", info)
+    return info
+
+
+def destroy_dist() -> None:
+    """Tear the process group down if it is up (called from a ``finally``)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_dist() else world_info_from_env()[0]
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_dist() else 1
+
+
+def master_only(func: Callable[..., T]) -> Callable[..., T | None]:
+    """Run ``func`` on rank 0 only; other ranks get ``None``.
+
+    Never wrap code that calls a collective: the other ranks would not enter it. Follow the call with
+    :func:`barrier` where other ranks depend on its effect.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        if get_rank() == 0:
+            return func(*args, **kwargs)
+        return None
+
+    return wrapper
+
+
+def barrier() -> None:
+    """Synchronise all ranks; a no-op without a process group."""
+    if is_dist():
+        dist.barrier()
+
+
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Return rank ``src``'s ``obj`` on every rank (pickled; for small control data only)."""
+    if not is_dist():
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def _collective_device() -> torch.device:
+    if is_dist() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reduce_mean_dict(values: Mapping[str, float]) -> dict[str, float]:
+    """Average a dict of scalars over ranks (every rank must pass the same keys)."""
+    if not values:
+        return {}
+    keys = sorted(values)
+    if not is_dist():
+        return {k: float(values[k]) for k in keys}
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    tensor /= dist.get_world_size()
+    return dict(zip(keys, tensor.cpu().tolist()))
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks (returns a new CPU float64 tensor)."""
+    out = tensor.detach().to(device=_collective_device(), dtype=torch.float64).clone()
+    if is_dist():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.cpu()
+
+
+def all_reduce_max_int(value: int) -> int:
+    """The maximum of an integer over ranks (used to agree on a step)."""
+    if not is_dist():
+        return int(value)
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())

@@ -1,0 +1,76 @@
+"""Logging set-up (rank-aware, KAIR's line format) and the TensorBoard writer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from utils import utils_dist
+
+KAIR_FORMAT = "%(asctime)s.%(msecs)03d : %(message)s"
+KAIR_DATEFMT = "%y-%m-%d %H:%M:%S"
+
+
+def setup_logger(log_file: str | None, rank: int, level: int = logging.INFO) -> logging.Logger:
+    """Configure the root logger once, from ``main``.
+
+    Rank 0 logs INFO to the console and (append mode) to ``log_file`` in KAIR's format, so existing parsing
+    scripts keep working. Other ranks log WARNING and above to the console with a ``[rank N]`` prefix.
+
+    Args:
+        log_file: ``experiments/<task>/train.log`` (rank 0 only; ``None`` for console only).
+        rank: global rank of this process.
+        level: level for rank 0.
+
+    Returns:
+        The root logger.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    fmt = KAIR_FORMAT if rank == 0 else f"[rank {rank}] {KAIR_FORMAT}"
+    formatter = logging.Formatter(fmt, datefmt=KAIR_DATEFMT)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(formatter)
+    root.addHandler(console)
+    if rank == 0 and log_file:
+        os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
+        file_handler = logging.FileHandler(log_file, mode="a", encoding="utf-8")
+        file_handler.setFormatter(formatter)
+        root.addHandler(file_handler)
+    root.setLevel(level if rank == 0 else logging.WARNING)
+    return root
+
+
+class TensorBoardWriter:
+    """A rank-0 TensorBoard writer; every method is a no-op elsewhere or when disabled."""
+
+    def __init__(self, log_dir: str | None, enabled: bool = True) -> None:
+        self._writer: Any = None
+        if enabled and log_dir and utils_dist.get_rank() == 0:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=log_dir)
+
+    def scalars(self, values: dict[str, float], step: int, prefix: str = "") -> None:
+        """Log ``{name: value}`` at ``step``."""
+        if self._writer is not None:
+            for key, value in values.items():
+                self._writer.add_scalar(f"{prefix}{key}", value, step)
+
+    def image(self, tag: str, image: torch.Tensor | np.ndarray, step: int) -> None:
+        """Log one image ``(3, H, W)`` float in [0, 1]."""
+        if self._writer is not None:
+            self._writer.add_image(tag, image, step, dataformats="CHW")
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None

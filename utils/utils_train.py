@@ -1,0 +1,282 @@
+"""The training loop: exactly ``total_iter`` steps, KAIR log lines, checkpoints, validation, resume, preemption."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import resource
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data.select_dataset import define_Dataset
+from models.select_model import define_Model
+from utils import utils_checkpoint as ckpt
+from utils import utils_dist
+from utils.utils_dataloader import build_train_loader
+from utils.utils_dist import DistInfo
+from utils.utils_logger import TensorBoardWriter
+from utils.utils_validation import validate
+
+logger = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """An option, dataset or network problem found while building the run."""
+
+
+class ResumeError(ValueError):
+    """The experiment folder cannot be continued with these options."""
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+class StopRequest:
+    """Remembers a SIGTERM/SIGUSR1 so the loop can checkpoint at the next step boundary and exit."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for name in STOP_SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        del frame
+        self.signal_name = signal.Signals(signum).name
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def agreed(self) -> bool:
+        """True on every rank when any rank received a stop signal (one small all-reduce)."""
+        return utils_dist.all_reduce_max_int(int(self.signal_name is not None)) > 0
+
+
+def agree_seed(train_opt: dict[str, Any]) -> int:
+    """``train.manual_seed`` or a seed drawn on rank 0, the same on every rank."""
+    seed = train_opt.get("manual_seed")
+    if seed is None:
+        seed = random.SystemRandom().randint(1, 10000)
+    return int(utils_dist.broadcast_object(seed))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def input_baseline(lq: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The input as an estimate of the output: bicubic-upsampled LQ (SR), the LQ itself (deblurring/denoising),
+    or the mean of the two middle input frames (interpolation).
+
+    Args:
+        lq: ``(1, T, C, h, w)``.
+        like: an output tensor ``(1, T', 3, H, W)`` giving the target shape.
+    """
+    frames = lq[0, :, :3]
+    if like.shape[1] != frames.shape[0]:
+        mid = frames.shape[0] // 2
+        frames = frames[max(mid - 1, 0):mid + 1].mean(0, keepdim=True)
+    if frames.shape[-2:] != like.shape[-2:]:
+        frames = F.interpolate(frames, size=like.shape[-2:], mode="bicubic", align_corners=False)
+    return frames.clamp(0, 1)[None]
+
+
+def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
+    try:
+        datasets = opt["datasets"]
+        if "train" not in {k.split("_")[0] for k in datasets}:
+            raise ConfigError("option 'datasets' needs a 'train' entry")
+        train_key = next(k for k in datasets if k.startswith("train"))
+        train_set = define_Dataset(datasets[train_key])
+        test_key = next((k for k in datasets if k.startswith("test")), None)
+        test_set = define_Dataset(datasets[test_key]) if test_key else None
+        model = define_Model(opt, dist_info)
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ConfigError(str(msg)) from exc
+    return train_set, test_set, model
+
+
+def _resume_step(opt: dict[str, Any]) -> int:
+    step = utils_dist.broadcast_object(ckpt.latest_complete_step(opt["path"]["models"]))
+    total = opt["train"]["total_iter"]
+    if step > total:
+        raise ResumeError(f"{opt['path']['models']} holds a complete checkpoint at step {step} but "
+                          f"train.total_iter={total}; set train.total_iter above {step} to continue, or use a new "
+                          "'task' name to start another experiment")
+    return step
+
+
+def train(opt: dict[str, Any], dist_info: DistInfo) -> dict[str, Any]:
+    """Run (or resume) the training described by ``opt``.
+
+    Returns:
+        A summary: ``{'step', 'epoch', 'best_psnr', 'best_step', 'last_val', 'stopped_by'}``.
+    """
+    t_opt, paths = opt["train"], opt["path"]
+    start_step = _resume_step(opt)
+    train_set, test_set, model = _build(opt, dist_info)
+    model.init_train()
+    train_state: dict[str, Any] = {}
+    if start_step:
+        train_state = model.load_resume(start_step)
+        logger.info("Resuming from step %d (%s)", start_step, paths["models"])
+    else:
+        model.load_pretrained()
+    seed = int(train_state.get("seed") or agree_seed(t_opt))
+    logger.info("Random seed: %d", seed)
+    seed_everything(seed + dist_info.rank)
+    rngs = train_state.get("rng")
+    if rngs and len(rngs) == dist_info.world_size:
+        ckpt.restore_rng_state(rngs[dist_info.rank])
+    elif rngs:
+        logger.warning("world size changed since the checkpoint (%d -> %d): RNG streams are re-seeded",
+                       len(rngs), dist_info.world_size)
+
+    accum = int(t_opt.get("grad_accum_steps", 1))
+    train_opt = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
+    loader, sampler = build_train_loader(train_set, train_opt, rank=dist_info.rank, world_size=dist_info.world_size,
+                                         seed=seed, accum_steps=accum, pin_memory=dist_info.device.type == "cuda",
+                                         timeout=float(t_opt.get("dataloader_timeout", 0)))
+    if len(loader) < accum:
+        raise ConfigError(f"an epoch has only {len(loader)} batch(es) per process, fewer than "
+                          f"train.grad_accum_steps={accum}")
+    per_process = loader.batch_size or 1
+    global_batch = per_process * dist_info.world_size * accum
+    logger.info("Number of train clips: %d, iters per epoch: %d", len(train_set), len(loader) // accum)
+
+    tb = TensorBoardWriter(paths["tensorboard"])
+    stop = StopRequest()
+    stop.install()
+    step, epoch = start_step, int(train_state.get("epoch", 0))
+    batches_done = int(train_state.get("batches_in_epoch", 0))
+    best = dict(train_state.get("best") or {"psnr": float("-inf"), "step": 0})
+    summary: dict[str, Any] = {"stopped_by": None, "last_val": None}
+    total = int(t_opt["total_iter"])
+    val_every = int(t_opt.get("checkpoint_test", 0) or 0)
+    window: list[float] = []
+    timings = {"iter": 0.0, "data": 0.0, "n": 0}
+
+    def state_for_save() -> dict[str, Any]:
+        rng_all = [ckpt.capture_rng_state()]
+        if utils_dist.is_dist():
+            rng_all = [None] * dist_info.world_size
+            torch.distributed.all_gather_object(rng_all, ckpt.capture_rng_state())
+        return {"epoch": epoch, "batches_in_epoch": batches_done, "seed": seed, "rng": rng_all, "best": best}
+
+    def run_validation() -> None:
+        if test_set is None:
+            return
+        if not summary.get("baseline_logged"):
+            net_opt = opt["netG"]
+            vfi = net_opt["net_type"].lower() == "vrt" and net_opt.get("pa_frames", 2) == 0
+            logger.info("Input baseline (the LQ input itself, bicubic-upsampled when scale > 1):")
+            validate(InputBaseline(int(opt.get("scale", 1)), vfi), test_set, step=step, epoch=epoch,
+                     save_img=False, images_dir="", tb=None)
+            summary["baseline_logged"] = True
+        result = validate(model, test_set, step=step, epoch=epoch, save_img=bool(opt["val"].get("save_img")),
+                          images_dir=paths["images"], tb=tb)
+        summary["last_val"] = result
+        if result is not None and result["psnr"] > best["psnr"]:
+            best.update(psnr=result["psnr"], step=step)
+        if result is not None:
+            logger.info("Best PSNR: %.2f dB at step %d (%s)", best["psnr"], best["step"],
+                        os.path.join(paths["models"], f"{best['step']}_G.pth"))
+
+    try:
+        sampler.set_position(epoch, batches_done * per_process)
+        if step >= total:
+            logger.info("Training already finished: step %d of %d is complete in %s", step, total, paths["models"])
+        while step < total:
+            iterator = iter(loader)
+            while step < total:
+                t0 = time.perf_counter()
+                batches = []
+                for _ in range(accum):
+                    batch = next(iterator, None)
+                    if batch is None:
+                        break
+                    batches.append(batch)
+                if len(batches) < accum:
+                    break
+                t_data = time.perf_counter() - t0
+                batches_done += accum
+                step += 1
+                model.update_learning_rate(step)
+                model.train_micro_batches(iter(batches), step)
+                window.append(model.log_dict["G_loss"])
+                timings["iter"] += time.perf_counter() - t0
+                timings["data"] += t_data
+                timings["n"] += 1
+                if step % t_opt["checkpoint_print"] == 0 or step == total:
+                    _log_step(model, window, timings, epoch, step, global_batch, dist_info, tb)
+                    window, timings = [], {"iter": 0.0, "data": 0.0, "n": 0}
+                if val_every and step % val_every == 0:
+                    run_validation()
+                stopping = stop.agreed()
+                if step % t_opt["checkpoint_save"] == 0 or step == total or stopping:
+                    model.save(step, state_for_save())
+                if stopping:
+                    summary["stopped_by"] = stop.signal_name or "a stop signal on another rank"
+                    logger.warning("Stopped by %s at step %d: checkpoint saved in %s; re-run the same command to "
+                                   "continue", summary["stopped_by"], step, paths["models"])
+                    return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"],
+                            "best_step": best["step"]}
+            else:
+                break
+            epoch += 1
+            batches_done = 0
+            sampler.set_position(epoch, 0)
+        logger.info("Finish training.")
+    finally:
+        stop.uninstall()
+        tb.close()
+    return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"], "best_step": best["step"]}
+
+
+def _log_step(model: Any, window: list[float], timings: dict[str, float], epoch: int, step: int,
+              global_batch: int, dist_info: DistInfo, tb: TensorBoardWriter) -> None:
+    n = max(timings["n"], 1)
+    stats = utils_dist.reduce_mean_dict({"G_loss": sum(window) / max(len(window), 1),
+                                        "sec_iter": timings["iter"] / n, "data_sec": timings["data"] / n})
+    stats["samples_s"] = global_batch / max(stats["sec_iter"], 1e-9)
+    stats["peak_mem_GB"] = peak_memory_gb(dist_info.device)
+    lr = model.current_learning_rate()
+    message = f"<epoch:{epoch:3d}, iter:{step:8,d}, lr:{lr:.3e}> "
+    message += "".join(f"{k}: {v:.3e} " for k, v in stats.items())
+    logger.info(message)
+    tb.scalars({"train/" + k: v for k, v in stats.items()} | {"train/lr": lr}, step)
+
+
+class InputBaseline:
+    """Stands in for a model in :func:`validate`: the input itself as the restored video."""
+
+    def __init__(self, scale: int, vfi: bool) -> None:
+        self.scale, self.vfi = scale, vfi
+
+    def infer(self, lq: torch.Tensor) -> torch.Tensor:
+        frames = 1 if self.vfi else lq.shape[1]
+        like = torch.empty(1, frames, 3, lq.shape[-2] * self.scale, lq.shape[-1] * self.scale)
+        return input_baseline(lq, like)

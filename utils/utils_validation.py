@@ -1,0 +1,111 @@
+"""Validation during training, sharded over all ranks, with KAIR's log lines.
+
+Clip ``i`` of the test set is restored by rank ``i % world_size`` (no rank idles, none waits forever when the
+clips do not divide); per-clip metric means are summed over ranks, so every process ends with the same numbers
+as a single-process validation. Inference runs on the bare or EMA network, never through DDP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from utils import utils_dist
+from utils.utils_image import frame_metrics, imwrite_rgb
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("psnr", "ssim", "psnr_y", "ssim_y")
+
+
+def _frame_names(item: dict[str, Any], count: int) -> list[str]:
+    paths = item.get("gt_path") or item.get("lq_path") or []
+    if isinstance(paths, (list, tuple)) and len(paths) >= count and all(isinstance(p, str) for p in paths):
+        names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+        if len(paths) == count:
+            return names
+        start = (len(paths) - count) // 2 if count == 1 else 0
+        return names[start:start + count]
+    return [f"{i:08d}" for i in range(count)]
+
+
+def _strip(lq: torch.Tensor, out: torch.Tensor, gt: torch.Tensor | None) -> torch.Tensor:
+    """``(3, H, 3W)`` image: LQ (bilinearly upsampled) | output | GT, of the middle output frame."""
+    t = out.shape[0] // 2
+    lq_frame = lq[min(t, lq.shape[0] - 1), :3][None]
+    lq_up = F.interpolate(lq_frame, size=out.shape[-2:], mode="bilinear", align_corners=False)[0]
+    panels = [lq_up, out[t], gt[t] if gt is not None else torch.zeros_like(out[t])]
+    return torch.cat(panels, dim=-1).clamp(0, 1)
+
+
+def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: bool, images_dir: str,
+             tb: Any = None) -> dict[str, float] | None:
+    """Restore every test clip (sharded over ranks), log per-clip and average metrics on rank 0.
+
+    Args:
+        model: a training model with ``infer(lq) -> (1, D', 3, H, W)`` CPU tensor.
+        test_set: items ``{'L': (T, C, h, w), 'H': (T', 3, H, W) (optional), 'folder', 'lq_path', 'gt_path'}``.
+        step: current step (for the log and image names).
+        epoch: current epoch (for the log).
+        save_img: write the restored frames to ``images_dir/<folder>/<frame>_<step>.png``.
+        images_dir: ``experiments/<task>/images``.
+        tb: a :class:`utils.utils_logger.TensorBoardWriter` or ``None``.
+
+    Returns:
+        ``{'psnr', 'ssim', 'psnr_y', 'ssim_y'}`` averaged over clips (mean per clip, then over clips), on every
+        rank; ``None`` when the test set has no ground truth.
+    """
+    rank, world = utils_dist.get_rank(), utils_dist.get_world_size()
+    n = len(test_set)  # type: ignore[arg-type]
+    table = torch.zeros(n, len(METRICS) + 1, dtype=torch.float64)  # metrics + has-GT flag
+    folders = [""] * n
+    for idx in range(rank, n, world):
+        item = test_set[idx]
+        lq = item["L"]
+        out = model.infer(lq[None])[0]  # (D', 3, H, W) CPU
+        gt = item.get("H")
+        folder = str(item.get("folder", f"{idx:03d}"))
+        folders[idx] = folder
+        if save_img:
+            for name, frame in zip(_frame_names(item, out.shape[0]), out):
+                imwrite_rgb(os.path.join(images_dir, folder, f"{name}_{step}.png"), frame)
+        if gt is not None:
+            if gt.shape != out.shape:
+                raise ValueError(f"test clip {folder}: output {tuple(out.shape)} and GT {tuple(gt.shape)} differ")
+            frames = [frame_metrics(o, g) for o, g in zip(out, gt)]
+            for j, key in enumerate(METRICS):
+                table[idx, j] = sum(f[key] for f in frames) / len(frames)
+            table[idx, -1] = 1.0
+        if idx == 0 and tb is not None:
+            tb.image("val/lq_output_gt", _strip(lq, out, gt), step)
+    table = utils_dist.all_reduce_sum(table)
+    folder_lists = [folders] if world == 1 else _gather_folders(folders)
+    names = [next((fl[i] for fl in folder_lists if fl[i]), f"{i:03d}") for i in range(n)]
+    have_gt = table[:, -1] > 0
+    for i in range(n):
+        if have_gt[i]:
+            r = table[i].tolist()
+            logger.info("Testing %-20s (%2d/%d) - PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f",
+                        names[i], i, n, r[0], r[1], r[2], r[3])
+        else:
+            logger.info("Testing %-20s (%2d/%d) - no ground truth", names[i], i, n)
+    if not bool(have_gt.any()):
+        return None
+    mean = table[have_gt, : len(METRICS)].mean(dim=0).tolist()
+    result = dict(zip(METRICS, mean))
+    logger.info("<epoch:%3d, iter:%8s> Average PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f",
+                epoch, f"{step:,d}", result["psnr"], result["ssim"], result["psnr_y"], result["ssim_y"])
+    if tb is not None:
+        tb.scalars({k.upper() if "_" not in k else k: v for k, v in result.items()}, step, prefix="val/")
+    return result
+
+
+def _gather_folders(folders: list[str]) -> list[list[str]]:
+    out: list[Any] = [None] * utils_dist.get_world_size()
+    torch.distributed.all_gather_object(out, folders)
+    return out
