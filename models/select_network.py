@@ -9,8 +9,10 @@ from typing import Any
 from torch import nn
 
 from models.network_baseline import VideoConvBaseline
+from models.network_vrt import VRT
 
 NETWORKS: dict[str, type[nn.Module]] = {
+    "vrt": VRT,
     "videoconvbaseline": VideoConvBaseline,
 }
 

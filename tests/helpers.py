@@ -1,0 +1,113 @@
+"""Shared helpers for the end-to-end tests: tiny option files and real multi-process launches."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIST_ENTRY = os.path.join(ROOT, "tests", "dist_entry.py")
+
+TINY_OPT: dict[str, Any] = {
+    "task": "tiny",
+    "model": "vrt",
+    "gpu_ids": [0, 1, 2, 3, 4, 5, 6, 7],
+    "dist": True,
+    "scale": 4,
+    "n_channels": 3,
+    "path": {"root": "experiments", "pretrained_netG": None},
+    "datasets": {
+        "train": {"name": "train_dataset", "dataset_type": "SyntheticVideoTrainDataset", "task": "sr",
+                  "num_frame": 2, "gt_size": 32, "num_clips": 64, "seed": 0, "use_hflip": True, "use_rot": True,
+                  "dataloader_shuffle": True, "dataloader_num_workers": 0, "dataloader_batch_size": 2},
+        "test": {"name": "test_dataset", "dataset_type": "SyntheticVideoTestDataset", "task": "sr", "num_clips": 3,
+                 "num_frame": 2, "lq_size": [16, 16], "seed": 7},
+    },
+    "netG": {"net_type": "videoconvbaseline", "upscale": 4, "num_feat": 8, "num_block": 1},
+    "train": {"G_lossfn_type": "charbonnier", "G_optimizer_lr": 1e-3, "G_optimizer_betas": [0.9, 0.99],
+              "G_optimizer_reuse": True, "total_iter": 3, "G_scheduler_periods": 100, "G_scheduler_eta_min": 1e-7,
+              "manual_seed": 0, "checkpoint_test": 0, "checkpoint_save": 1000, "checkpoint_print": 1},
+    "val": {"save_img": False},
+}
+
+
+def write_opt(tmp_path, name: str = "opt.json", **sections: Any) -> str:
+    """Write a tiny option file; keyword arguments replace or update top-level sections (dicts are merged)."""
+    opt = copy.deepcopy(TINY_OPT)
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(opt.get(key), dict):
+            _merge(opt[key], value)
+        else:
+            opt[key] = value
+    opt["path"]["root"] = str(tmp_path / "experiments")
+    path = tmp_path / name
+    path.write_text(json.dumps(opt, indent=1))
+    return str(path)
+
+
+def _merge(dst: dict, src: dict) -> None:
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value)
+        else:
+            dst[key] = value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(report_dir: str | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                           "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, VRT_DEVICE="cpu", PYTHONUNBUFFERED="1")
+    if report_dir:
+        env["TEST_REPORT_DIR"] = report_dir
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(nproc: int, args: list[str], env: dict[str, str], cwd: str, extra: list[str] | None = None,
+             timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           *(extra or []), DIST_ENTRY, *args]
+    return run(cmd, env, cwd, timeout)
+
+
+def single(args: list[str], env: dict[str, str], cwd: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return run([sys.executable, DIST_ENTRY, *args], env, cwd, timeout)
+
+
+def load_params(path: str) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["params"]
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def reports(report_dir: str) -> list[dict[str, Any]]:
+    out = []
+    for name in sorted(os.listdir(report_dir)):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(report_dir, name)) as f:
+                out.append(json.load(f))
+    return out
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
