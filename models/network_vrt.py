@@ -716,7 +716,7 @@ class VRT(nn.Module):
         if pa_frames:
             self.spynet = SpyNet(spynet_path, (2, 3, 4, 5))
 
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
         ckpt_attn = [use_checkpoint_attn and i not in no_checkpoint_attn_blocks for i in range(n_stages)]
         ckpt_ffn = [use_checkpoint_ffn and i not in no_checkpoint_ffn_blocks for i in range(n_stages)]
         common = {'mlp_ratio': mlp_ratio, 'qkv_bias': qkv_bias, 'qk_scale': qk_scale, 'norm_layer': norm_layer}
