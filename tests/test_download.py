@@ -1,0 +1,80 @@
+"""utils_download without network: file:// URLs to temporary files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from scripts.download_spynet import main as download_main
+from utils.utils_download import download_verified, ensure_spynet, sha256_of
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> tuple[str, str]:
+    src = tmp_path / 'src' / 'weights.bin'
+    src.parent.mkdir()
+    src.write_bytes(b'pretend weights' * 1000)
+    return src.as_uri(), hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return [p.name for p in directory.iterdir() if p.name.endswith('.part')]
+
+
+def test_full_digest_and_prefix(tmp_path: Path, source: tuple[str, str]) -> None:
+    url, digest = source
+    dest = download_verified(url, tmp_path / 'out' / 'a.bin', digest)
+    assert dest.read_bytes() == b'pretend weights' * 1000
+    assert sha256_of(dest) == digest
+    dest2 = download_verified(url, tmp_path / 'out' / 'b.bin', digest[:8].upper())
+    assert dest2.is_file()
+    assert _leftovers(tmp_path / 'out') == []
+
+
+def test_bad_hash_leaves_nothing(tmp_path: Path, source: tuple[str, str]) -> None:
+    url, _ = source
+    dest = tmp_path / 'out' / 'a.bin'
+    with pytest.raises(RuntimeError, match='Checksum mismatch'):
+        download_verified(url, dest, '00000000')
+    assert not dest.exists()
+    assert _leftovers(dest.parent) == []
+
+
+def test_bad_hash_keeps_existing_file(tmp_path: Path, source: tuple[str, str]) -> None:
+    url, _ = source
+    dest = tmp_path / 'a.bin'
+    dest.write_bytes(b'old')
+    with pytest.raises(RuntimeError):
+        download_verified(url, dest, 'ffff')
+    assert dest.read_bytes() == b'old'
+
+
+def test_missing_source(tmp_path: Path) -> None:
+    url = (tmp_path / 'nope.bin').as_uri()
+    with pytest.raises(RuntimeError, match='Could not download'):
+        download_verified(url, tmp_path / 'out.bin', 'abcd')
+    assert not (tmp_path / 'out.bin').exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_empty_digest_rejected(tmp_path: Path, source: tuple[str, str]) -> None:
+    with pytest.raises(ValueError):
+        download_verified(source[0], tmp_path / 'x', '')
+
+
+def test_ensure_spynet_keeps_existing_file_and_verifies_new_one(tmp_path: Path, source: tuple[str, str]) -> None:
+    existing = tmp_path / 'spynet.pth'
+    existing.write_bytes(b'mine')
+    assert ensure_spynet(existing, url='file:///does/not/exist') == existing
+    # the pretend file's digest does not start with the official prefix -> refused
+    with pytest.raises(RuntimeError, match='Checksum mismatch'):
+        ensure_spynet(tmp_path / 'new.pth', url=source[0])
+    assert not (tmp_path / 'new.pth').exists()
+
+
+def test_script_reports_failure(tmp_path: Path) -> None:
+    assert download_main(['--out', str(tmp_path / 's.pth'), '--url', (tmp_path / 'nope').as_uri()]) == 1
+    (tmp_path / 's.pth').write_bytes(b'x')
+    assert download_main(['--out', str(tmp_path / 's.pth')]) == 0

@@ -1,0 +1,94 @@
+"""Checksum-verified, atomic downloads of pretrained weights (SpyNet, released checkpoints).
+
+Networks never download; call these explicitly (on rank 0, followed by a barrier) or run
+``scripts/download_spynet.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex SHA-256 digest of a file."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as fh:
+        for block in iter(lambda: fh.read(_CHUNK), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_verified(url: str, dest: str | os.PathLike, sha256: str, timeout: float = 60.0) -> Path:
+    """Download ``url`` to ``dest``, verify its SHA-256 and move it into place atomically.
+
+    The data goes to a temporary file in the destination directory, which replaces ``dest`` with
+    ``os.replace`` only after the digest matched, so a crash or a concurrent reader never sees a partial file.
+
+    Args:
+        url: http(s):// or file:// address.
+        dest: target file path; parent directories are created.
+        sha256: the full hex digest, or a prefix of it (e.g. the 8 characters torch.hub puts in file names
+            such as ``spynet_sintel_final-3d2a1287.pth``).
+        timeout: socket timeout in seconds.
+
+    Returns:
+        The destination path.
+
+    Raises:
+        ValueError: empty ``sha256``.
+        RuntimeError: the download failed (offline, HTTP error, missing file) or the digest does not match.
+    """
+    expected = sha256.strip().lower()
+    if not expected:
+        raise ValueError('download_verified needs a SHA-256 digest or prefix, got an empty string')
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f'.{dest.name}.', suffix='.part', dir=dest.parent)
+    try:
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, 'wb') as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+                for block in iter(lambda: resp.read(_CHUNK), b''):
+                    digest.update(block)
+                    out.write(block)
+        except (urllib.error.URLError, OSError) as err:
+            raise RuntimeError(
+                f'Could not download {url} to {dest}: {err}. If this machine is offline, fetch the file elsewhere '
+                f'and copy it to {dest}.'
+            ) from err
+        actual = digest.hexdigest()
+        if not actual.startswith(expected):
+            raise RuntimeError(
+                f'Checksum mismatch for {url}: SHA-256 {actual} does not match the expected {expected}; '
+                f'the file was not written to {dest}.'
+            )
+        os.replace(tmp_name, dest)
+    finally:
+        if os.path.exists(tmp_name):
+            os.remove(tmp_name)
+    logger.info('Downloaded %s to %s (sha256 %s)', url, dest, actual)
+    return dest
+
+
+def ensure_spynet(path: str | os.PathLike, url: str = SPYNET_URL) -> Path:
+    """Return ``path``, downloading the official SpyNet weights (checksum-verified) only when it is missing.
+
+    An existing file is trusted as is (it may be a user's own SpyNet).
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    logger.info('SpyNet weights missing at %s; downloading %s', path, url)
+    return download_verified(url, path, SPYNET_SHA256_PREFIX)
