@@ -18,12 +18,12 @@ import sys
 from models.model_plain import NonFiniteLossError
 from utils import utils_dist, utils_option
 from utils.utils_checkpoint import CheckpointError
-from utils.utils_dataloader import BatchSplitError
+from utils.utils_dataloader import BatchSplitError, DataLoaderStallError
 from utils.utils_logger import setup_logger
 from utils.utils_train import ConfigError, ResumeError, train
 
 USER_ERRORS = (utils_option.OptionError, utils_dist.DistError, ConfigError, ResumeError, BatchSplitError,
-               CheckpointError, NonFiniteLossError, FileNotFoundError)
+               CheckpointError, NonFiniteLossError, DataLoaderStallError, FileNotFoundError)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,10 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         dist_info = utils_dist.init_dist(opt.get("dist_backend"), opt.get("dist_timeout"))
         try:
             rank = dist_info.rank
-            setup_logger(os.path.join(opt["path"]["log"], "train.log") if dist_info.is_master else None, rank)
-            utils_option.save(opt, sys.argv)
-            logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt))
-            train(opt, dist_info)
+            setup_logger(None, rank)
+
+            def on_ready() -> None:  # everything is built and loaded: now the experiment folder may change
+                setup_logger(os.path.join(opt["path"]["log"], "train.log") if dist_info.is_master else None, rank)
+                utils_option.save(opt, sys.argv)
+                logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt))
+
+            train(opt, dist_info, on_ready)
         finally:
             utils_dist.destroy_dist()
     except USER_ERRORS as exc:

@@ -10,8 +10,18 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import (ROOT, assert_ok, base_env, free_port, load_params, max_abs_diff, reports, single, torchrun,
-                           write_opt)
+from tests.helpers import (
+    ROOT,
+    assert_ok,
+    base_env,
+    free_port,
+    load_params,
+    max_abs_diff,
+    reports,
+    single,
+    torchrun,
+    write_opt,
+)
 
 AVG_RE = re.compile(r"Average PSNR: .*")
 

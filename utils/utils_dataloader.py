@@ -9,8 +9,12 @@ or without loader workers.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
+import os
 import random
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,11 +115,42 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples
 
 
+STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+
+
+class DataLoaderStallError(RuntimeError):
+    """No batch arrived within ``train.dataloader_timeout`` seconds."""
+
+
 def worker_init_fn(worker_id: int) -> None:
-    """Give each loader worker distinct module RNG streams (items are re-seeded per item anyway)."""
+    """Give each loader worker distinct module RNG streams (items are re-seeded per item anyway), and let it
+    print its stack on SIGUSR2 (used when the loader stalls)."""
     base = torch.initial_seed() % 2**32
     random.seed(base + worker_id)
     np.random.seed((base + worker_id) % 2**32)
+    if STACK_SIGNAL is not None:
+        faulthandler.register(STACK_SIGNAL, all_threads=True)
+
+
+def next_batch(iterator: Iterator[Any], timeout: float) -> Any | None:
+    """The next batch, or ``None`` at the end of the epoch.
+
+    Raises:
+        DataLoaderStallError: the loader timed out; each worker's stack is printed to stderr first.
+    """
+    try:
+        return next(iterator, None)
+    except RuntimeError as exc:
+        if "timed out" not in str(exc):
+            raise
+        workers = getattr(iterator, "_workers", [])
+        for worker in workers:
+            if STACK_SIGNAL is not None and worker.pid is not None and worker.is_alive():
+                os.kill(worker.pid, STACK_SIGNAL)
+        time.sleep(1.0)  # let the workers write their stacks
+        raise DataLoaderStallError(f"the training data loader produced no batch for {timeout:g} s "
+                                   f"(train.dataloader_timeout); the stacks of its {len(workers)} worker(s) are "
+                                   "printed above on stderr") from exc
 
 
 def build_train_loader(dataset: Dataset, dataset_opt: dict[str, Any], *, rank: int, world_size: int, seed: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import sys
 from typing import Any
@@ -20,7 +21,9 @@ def setup_logger(log_file: str | None, rank: int, level: int = logging.INFO) -> 
     """Configure the root logger once, from ``main``.
 
     Rank 0 logs INFO to the console and (append mode) to ``log_file`` in KAIR's format, so existing parsing
-    scripts keep working. Other ranks log WARNING and above to the console with a ``[rank N]`` prefix.
+    scripts keep working. Other ranks log WARNING and above to the console with a ``[rank N]`` prefix. Called
+    first without a file (records are kept in memory), then again with the file once the run is known to
+    start: the kept records go to the file first.
 
     Args:
         log_file: ``experiments/<task>/train.log`` (rank 0 only; ``None`` for console only).
@@ -31,7 +34,11 @@ def setup_logger(log_file: str | None, rank: int, level: int = logging.INFO) -> 
         The root logger.
     """
     root = logging.getLogger()
+    buffered: list[logging.LogRecord] = []
     for handler in list(root.handlers):
+        if isinstance(handler, logging.handlers.MemoryHandler):
+            buffered.extend(handler.buffer)
+            handler.buffer = []
         root.removeHandler(handler)
         handler.close()
     fmt = KAIR_FORMAT if rank == 0 else f"[rank {rank}] {KAIR_FORMAT}"
@@ -44,6 +51,10 @@ def setup_logger(log_file: str | None, rank: int, level: int = logging.INFO) -> 
         file_handler = logging.FileHandler(log_file, mode="a", encoding="utf-8")
         file_handler.setFormatter(formatter)
         root.addHandler(file_handler)
+        for record in buffered:  # what was logged before the experiment folder could be written
+            file_handler.handle(record)
+    elif rank == 0:
+        root.addHandler(logging.handlers.MemoryHandler(capacity=100000, flushLevel=logging.CRITICAL + 1))
     root.setLevel(level if rank == 0 else logging.WARNING)
     return root
 

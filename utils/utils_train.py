@@ -8,6 +8,7 @@ import random
 import resource
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from data.select_dataset import define_Dataset
 from models.select_model import define_Model
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist
-from utils.utils_dataloader import build_train_loader
+from utils.utils_dataloader import build_train_loader, next_batch
 from utils.utils_dist import DistInfo
 from utils.utils_logger import TensorBoardWriter
 from utils.utils_validation import validate
@@ -129,8 +130,15 @@ def _resume_step(opt: dict[str, Any]) -> int:
     return step
 
 
-def train(opt: dict[str, Any], dist_info: DistInfo) -> dict[str, Any]:
+def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the training described by ``opt``.
+
+    Args:
+        opt: parsed options.
+        dist_info: this process's place in the job.
+        on_ready: called once everything is built and loaded, before the first file is written (``main`` opens
+            the log file and saves the options there), so a run that fails on bad input leaves an existing
+            experiment untouched.
 
     Returns:
         A summary: ``{'step', 'epoch', 'best_psnr', 'best_step', 'last_val', 'stopped_by'}``.
@@ -166,6 +174,8 @@ def train(opt: dict[str, Any], dist_info: DistInfo) -> dict[str, Any]:
     per_process = loader.batch_size or 1
     global_batch = per_process * dist_info.world_size * accum
     logger.info("Number of train clips: %d, iters per epoch: %d", len(train_set), len(loader) // accum)
+    if on_ready is not None:
+        on_ready()
 
     tb = TensorBoardWriter(paths["tensorboard"])
     stop = StopRequest()
@@ -176,6 +186,7 @@ def train(opt: dict[str, Any], dist_info: DistInfo) -> dict[str, Any]:
     summary: dict[str, Any] = {"stopped_by": None, "last_val": None}
     total = int(t_opt["total_iter"])
     val_every = int(t_opt.get("checkpoint_test", 0) or 0)
+    last_saved = start_step
     window: list[float] = []
     timings = {"iter": 0.0, "data": 0.0, "n": 0}
 
@@ -215,7 +226,7 @@ def train(opt: dict[str, Any], dist_info: DistInfo) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 batches = []
                 for _ in range(accum):
-                    batch = next(iterator, None)
+                    batch = next_batch(iterator, loader.timeout)
                     if batch is None:
                         break
                     batches.append(batch)
@@ -236,8 +247,9 @@ def train(opt: dict[str, Any], dist_info: DistInfo) -> dict[str, Any]:
                 if val_every and step % val_every == 0:
                     run_validation()
                 stopping = stop.agreed()
-                if step % t_opt["checkpoint_save"] == 0 or step == total or stopping:
+                if (step % t_opt["checkpoint_save"] == 0 or step == total or stopping) and step != last_saved:
                     model.save(step, state_for_save())
+                    last_saved = step
                 if stopping:
                     summary["stopped_by"] = stop.signal_name or "a stop signal on another rank"
                     logger.warning("Stopped by %s at step %d: checkpoint saved in %s; re-run the same command to "
