@@ -230,11 +230,13 @@ class WindowAttention(nn.Module):
         trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, num_windows: int) -> Tensor:
-        """SDPA over windows.
+        """Attention over windows.
 
         q, k, v: (B * nW, ..., h, n, hd); bias: (nW or 1, ..., h or 1, n, n) additive, or None.
-        The window axis is folded into the head axis so the fused CPU/CUDA kernels see a 4-D problem with a
-        mask broadcast over the batch.
+        The window axis is folded into the head axis, so the problem is 4-D with a mask broadcast over the batch:
+        ``F.scaled_dot_product_attention`` then takes its fused kernels (flash on CPU, memory-efficient on CUDA).
+        The CPU flash kernel cannot give the gradient of a trainable mask (the relative position bias), and its
+        math fallback is slower than plain matmul + softmax, which is used in that one case.
         """
         shape = q.shape
         n = shape[-2]
@@ -244,9 +246,12 @@ class WindowAttention(nn.Module):
         else:
             fold = (shape[0] // num_windows, -1, n, shape[-1])
             mask = bias.expand(num_windows, *shape[1:-1], n).reshape(1, -1, n, n).to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            q.reshape(fold), k.reshape(fold), v.reshape(fold), attn_mask=mask, scale=self.scale
-        )
+        q, k, v = q.reshape(fold), k.reshape(fold), v.reshape(fold)
+        if mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled():
+            attn = torch.matmul(q, k.transpose(-2, -1)).mul_(self.scale).add_(mask)
+            out = torch.matmul(attn.softmax(dim=-1), v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return out.view(shape)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -441,6 +446,39 @@ class RTMSA(nn.Module):
         return x + self.linear(self.residual_group(x))
 
 
+def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Modulated deformable 3x3 convolution (stride 1, padding 1) as bilinear sampling plus one matmul.
+
+    Same semantics as ``torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)``,
+    including implicit weight groups (``x`` may have a multiple of ``weight``'s input channels) and zero
+    contribution from samples outside the image.
+
+    Args:
+        x: (N, C_in, H, W).
+        offset: (N, 2 * G * 9, H, W), per offset group and kernel point (dy, dx).
+        mask: (N, G * 9, H, W) modulation.
+        weight: (C_out, C_in / groups, 3, 3).
+        bias: (C_out,).
+
+    Returns:
+        (N, C_out, H, W).
+    """
+    n, cin, h, w = x.shape
+    cout, cin_g, kh, kw = weight.shape
+    groups, off_groups, points = cin // cin_g, mask.shape[1] // (kh * kw), kh * kw
+    ky, kx = torch.meshgrid(torch.arange(kh, dtype=x.dtype, device=x.device) - kh // 2,
+                            torch.arange(kw, dtype=x.dtype, device=x.device) - kw // 2, indexing='ij')
+    off = offset.view(n, off_groups, points, 2, h, w)
+    py = torch.arange(h, dtype=x.dtype, device=x.device).view(h, 1) + ky.reshape(points, 1, 1) + off[:, :, :, 0]
+    px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + off[:, :, :, 1]
+    grid = torch.stack((2.0 * px / max(w - 1, 1) - 1.0, 2.0 * py / max(h - 1, 1) - 1.0), dim=-1)
+    cols = F.grid_sample(x.view(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * h, w, 2),
+                         mode='bilinear', padding_mode='zeros', align_corners=True)
+    cols = cols.view(n, off_groups, cin // off_groups, points, h, w) * mask.view(n, off_groups, 1, points, h, w)
+    out = torch.matmul(weight.view(groups, cout // groups, cin_g * points), cols.view(n, groups, cin_g * points, h * w))
+    return out.view(n, cout, h, w) + bias.view(1, cout, 1, 1)
+
+
 class DCNv2PackFlowGuided(nn.Module):
     """Flow-guided deformable alignment of 1-3 neighbours (BasicVSR++ style), frame-batched.
 
@@ -468,6 +506,9 @@ class DCNv2PackFlowGuided(nn.Module):
             nn.LeakyReLU(negative_slope=0.1, inplace=True),
             nn.Conv2d(c, 27 * deformable_groups, 3, 1, 1),
         )
+        # 'auto': the grid_sample formulation on CPU (several times faster than torchvision's CPU kernel,
+        # especially backward), torchvision's kernel elsewhere (it does not store the sampled columns)
+        self.impl = 'auto'
         stdv = 1.0 / math.sqrt(c * 9)
         nn.init.uniform_(self.weight, -stdv, stdv)
         nn.init.zeros_(self.conv_offset[-1].weight)
@@ -493,11 +534,18 @@ class DCNv2PackFlowGuided(nn.Module):
         n, _, h, w = offset.shape
         offset = offset.view(n, k, -1, 2, h, w) + flows.view(n, k, 1, 2, h, w).flip(3)
         offset = offset.view(n, -1, h, w)
+        impl = self.impl if self.impl != 'auto' else ('sampled' if offset.device.type == 'cpu' else 'torchvision')
         with torch.autocast(device_type=offset.device.type, enabled=False):
-            return torchvision.ops.deform_conv2d(
-                neighbours.float(), offset.float(), self.weight.float(), self.bias.float(), padding=(1, 1),
-                mask=torch.sigmoid(mask.float()),
-            )
+            args = (neighbours.float(), offset.float(), torch.sigmoid(mask.float()), self.weight.float(),
+                    self.bias.float())
+            if impl == 'torchvision':
+                x, offset, mask, weight, bias = args
+                return torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)
+            if impl != 'sampled':
+                raise ValueError(f"DCNv2PackFlowGuided.impl must be 'auto', 'torchvision' or 'sampled', got {impl!r}")
+            if torch.is_grad_enabled():  # recompute the sampled columns in backward instead of storing them
+                return checkpoint(deform_conv3x3_sampled, *args, use_reentrant=False)
+            return deform_conv3x3_sampled(*args)
 
 
 class Stage(nn.Module):

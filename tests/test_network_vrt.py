@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchvision
 from torch import nn
 
-from models.network_vrt import VRT
+from models.network_vrt import VRT, DCNv2PackFlowGuided, deform_conv3x3_sampled
 
 
 def deterministic_fill(model: nn.Module, seed: int = 0, gain: float = 0.5) -> None:
@@ -174,3 +175,34 @@ def test_bf16_autocast_runs() -> None:
             out = net(x)
     assert out.shape == ref.shape and torch.isfinite(out).all()
     assert (out.float() - ref).abs().mean() < 0.05
+
+
+@pytest.mark.parametrize(('k', 'groups'), [(1, 4), (2, 4), (3, 6)])
+def test_sampled_deform_conv_matches_torchvision(k: int, groups: int) -> None:
+    """The CPU grid_sample formulation equals torchvision's deform_conv2d (values and all gradients)."""
+    gen = torch.Generator().manual_seed(k)
+    c, h, w = 12, 9, 11
+    tensors = [torch.randn(2, k * c, h, w, generator=gen), 3 * torch.randn(2, 18 * groups, h, w, generator=gen),
+               torch.rand(2, 9 * groups, h, w, generator=gen), torch.randn(c, c, 3, 3, generator=gen) / 10,
+               torch.randn(c, generator=gen)]
+    results = []
+    for fn in (lambda x, o, m, wt, b: torchvision.ops.deform_conv2d(x, o, wt, b, padding=(1, 1), mask=m),
+               deform_conv3x3_sampled):
+        inputs = [t.clone().requires_grad_() for t in tensors]
+        out = fn(*inputs)
+        out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+        results.append([out.detach()] + [t.grad for t in inputs])
+    for ref, ours in zip(*results):
+        torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_deform_impls_agree_inside_vrt() -> None:
+    net = _tiny(pa_frames=4).eval()
+    deterministic_fill(net, seed=3)  # non-zero offset convolution, so the offsets are not just the flows
+    x = torch.rand(1, 3, 3, 40, 40)
+    with torch.no_grad():
+        sampled = net(x)
+        for m in net.modules():
+            if isinstance(m, DCNv2PackFlowGuided):
+                m.impl = 'torchvision'
+        torch.testing.assert_close(net(x), sampled, atol=1e-4, rtol=1e-4)

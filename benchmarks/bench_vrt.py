@@ -1,0 +1,242 @@
+"""VRT speed/memory benchmark: forward time, train-step time, peak memory and samples/s as JSON lines.
+
+Examples:
+    python benchmarks/bench_vrt.py --preset tiny --iters 5
+    python benchmarks/bench_vrt.py --preset tiny --reference-dir /tmp/ref/JingyunLiang+VRT   # side by side
+    python benchmarks/bench_vrt.py --opt options/vrt/001_train_vrt_videosr_bi_reds_6frames.json --device cuda \
+        --amp bf16 --batch 1
+
+A train step is: forward, Charbonnier loss mean(sqrt((x - y)^2 + eps)), backward, Adam step. With
+``--reference-dir`` the reference ``models/network_vrt.py`` of that directory (never part of this project) is
+imported, given the same weights, and timed alternately with ours in the same process. On CUDA the peak memory is
+``max_memory_allocated``; on CPU it is the rise of the peak resident set size of a forked child that runs the
+same measurement (so both networks are measured from the same starting point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from models.network_vrt import VRT  # noqa: E402
+
+_BIG = {'depths': (8,) * 7 + (4,) * 6, 'indep_reconsts': (11, 12), 'embed_dims': (120,) * 7 + (180,) * 6,
+        'num_heads': (6,) * 13}
+_SMALL = {'depths': (8,) * 7 + (4,) * 4, 'indep_reconsts': (9, 10), 'embed_dims': (96,) * 7 + (120,) * 4,
+          'num_heads': (6,) * 11}
+_DEBLUR = {'upscale': 1, 'img_size': (6, 192, 192), 'window_size': (6, 8, 8), 'pa_frames': 2,
+           'deformable_groups': 16, **_SMALL}
+PRESETS: dict[str, dict[str, Any]] = {
+    'tiny': {'upscale': 4, 'img_size': (6, 64, 64), 'window_size': (6, 8, 8), 'depths': (2,) * 7 + (2,) * 6,
+             'indep_reconsts': (11, 12), 'embed_dims': (24,) * 7 + (36,) * 6, 'num_heads': (3,) * 13,
+             'pa_frames': 2, 'deformable_groups': 4},
+    'small': {'upscale': 4, 'img_size': (6, 64, 64), 'window_size': (6, 8, 8), 'depths': (4,) * 7 + (2,) * 6,
+              'indep_reconsts': (11, 12), 'embed_dims': (48,) * 7 + (72,) * 6, 'num_heads': (6,) * 13,
+              'pa_frames': 2, 'deformable_groups': 8},
+    # constructor settings of the released models (official main_test_vrt.py)
+    '001': {'upscale': 4, 'img_size': (6, 64, 64), 'window_size': (6, 8, 8), 'pa_frames': 2,
+            'deformable_groups': 12, **_BIG},
+    '002': {'upscale': 4, 'img_size': (16, 64, 64), 'window_size': (8, 8, 8), 'pa_frames': 6,
+            'deformable_groups': 24, **_BIG},
+    '003': {'upscale': 4, 'img_size': (8, 64, 64), 'window_size': (8, 8, 8), 'pa_frames': 4,
+            'deformable_groups': 16, **_BIG},
+    '004': {'upscale': 4, 'img_size': (8, 64, 64), 'window_size': (8, 8, 8), 'pa_frames': 4,
+            'deformable_groups': 16, **_BIG},
+    '005': _DEBLUR, '006': _DEBLUR, '007': _DEBLUR,
+    '008': {**_DEBLUR, 'nonblind_denoising': True},
+    '009': {'upscale': 1, 'img_size': (4, 192, 192), 'window_size': (4, 8, 8), 'pa_frames': 0,
+            **{**_SMALL, 'indep_reconsts': ()}},
+}
+META_KEYS = ('net_type', 'init_type', 'init_bn_type', 'init_gain')
+
+
+def _kwargs_from_opt(path: str) -> dict[str, Any]:
+    """netG constructor kwargs of an option file (our parser if present, else a plain comment-stripping load)."""
+    try:
+        from utils.utils_option import load_json
+        tree = load_json(path)
+    except ImportError:
+        import re
+        text = re.sub(r'(?m)^\s*//.*$', '', Path(path).read_text())
+        tree = json.loads(text)
+    net = tree['netG']
+    if net.get('net_type', 'vrt').lower() != 'vrt':
+        raise SystemExit(f"{path}: netG.net_type is {net.get('net_type')!r}; this benchmark is for VRT")
+    return {k: v for k, v in net.items() if k not in META_KEYS}
+
+
+def _load_reference(directory: str) -> type[nn.Module]:
+    """Import ``DIR/models/network_vrt.py`` (or ``DIR/network_vrt.py``) under a private module name."""
+    root = Path(directory)
+    path = next((p for p in (root / 'models' / 'network_vrt.py', root / 'network_vrt.py') if p.is_file()), None)
+    if path is None:
+        raise SystemExit(f'--reference-dir {directory}: no models/network_vrt.py or network_vrt.py in it')
+    spec = importlib.util.spec_from_file_location('_reference_network_vrt', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VRT
+
+
+def _charbonnier(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-9) -> torch.Tensor:
+    return torch.sqrt((x - y) ** 2 + eps).mean()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+class Runner:
+    """One network, its optimizer and fixed data; times forward passes and train steps."""
+
+    def __init__(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: str) -> None:
+        self.net, self.x, self.y = net, x, y
+        self.opt = torch.optim.Adam(net.parameters(), lr=1e-4, betas=(0.9, 0.99))
+        self.dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
+        self.scaler = torch.amp.GradScaler(x.device.type, enabled=amp == 'fp16')
+
+    def _autocast(self):
+        return torch.autocast(self.x.device.type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def forward(self) -> float:
+        self.net.eval()
+        _sync(self.x.device)
+        start = time.perf_counter()
+        with torch.no_grad(), self._autocast():
+            self.net(self.x)
+        _sync(self.x.device)
+        return time.perf_counter() - start
+
+    def train_step(self) -> float:
+        self.net.train()
+        _sync(self.x.device)
+        start = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        with self._autocast():
+            out = self.net(self.x)
+        loss = _charbonnier(out.float(), self.y)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        _sync(self.x.device)
+        return time.perf_counter() - start
+
+
+def _peak_memory_mb(runner: Runner, steps: int) -> float:
+    """Peak extra memory of ``steps`` train steps (CUDA allocator peak, or forked-child peak RSS rise on CPU)."""
+    device = runner.x.device
+    if device.type == 'cuda':
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        for _ in range(steps):
+            runner.train_step()
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: measure and report through the pipe
+        os.close(read_fd)
+        with open('/proc/self/statm') as fh:
+            rss_start = int(fh.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+        for _ in range(steps):
+            runner.train_step()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        os.write(write_fd, str((peak - rss_start) / 2**20).encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as fh:
+        value = fh.read()
+    os.waitpid(pid, 0)
+    return float(value) if value else float('nan')
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument('--opt', help='KAIR-style option file whose netG is benchmarked')
+    src.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--amp', default='none', choices=('none', 'bf16', 'fp16'))
+    parser.add_argument('--compile', action='store_true', help='torch.compile our network')
+    parser.add_argument('--iters', type=int, default=5, help='timed iterations (after --warmup)')
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--frames', type=int, help='input frames (default img_size[0])')
+    parser.add_argument('--size', type=int, nargs=2, metavar=('H', 'W'), help='LQ size (default img_size[1:])')
+    parser.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
+    parser.add_argument('--reference-dir', help='directory with the reference models/network_vrt.py to compare')
+    parser.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement')
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    kwargs = _kwargs_from_opt(args.opt) if args.opt else dict(PRESETS[args.preset])
+    kwargs['spynet_path'] = None  # weights do not matter for timing
+    d, h, w = kwargs.get('img_size', (6, 64, 64))
+    d = args.frames or d
+    h, w = args.size or (h, w)
+    in_ch = kwargs.get('in_chans', 3) + (1 if kwargs.get('nonblind_denoising') else 0)
+    scale = kwargs.get('upscale', 4)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(args.batch, d, in_ch, h, w, generator=gen).to(device)
+    out_frames = 1 if kwargs.get('pa_frames', 2) == 0 else d
+    y = torch.rand(args.batch, out_frames, kwargs.get('out_chans', 3), h * scale, w * scale, generator=gen).to(device)
+
+    torch.manual_seed(0)
+    ours = VRT(**kwargs).to(device)
+    nets: dict[str, nn.Module] = {'ours': ours}
+    if args.reference_dir:
+        ref_cls = _load_reference(args.reference_dir)
+        ref_kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+        reference = ref_cls(**ref_kwargs).to(device)
+        reference.load_state_dict(ours.state_dict(), strict=True)
+        nets['reference'] = reference
+    if args.compile:
+        nets['ours'] = torch.compile(ours)
+    runners = {name: Runner(net, x, y, args.amp) for name, net in nets.items()}
+
+    common = {'preset': None if args.opt else args.preset, 'opt': args.opt, 'device': str(device),
+              'amp': args.amp, 'compile': args.compile, 'batch': args.batch, 'frames': d, 'lq_size': [h, w],
+              'threads': torch.get_num_threads(), 'torch': torch.__version__,
+              'params': sum(p.numel() for p in ours.parameters())}
+    for runner in runners.values():
+        for _ in range(args.warmup):
+            runner.forward()
+            runner.train_step()
+    times: dict[str, dict[str, list[float]]] = {n: {'fwd': [], 'step': []} for n in runners}
+    for _ in range(args.iters):  # alternate so both see the same machine load
+        for name, runner in runners.items():
+            times[name]['fwd'].append(runner.forward())
+            times[name]['step'].append(runner.train_step())
+    results = {}
+    for name, runner in runners.items():
+        fwd = sorted(times[name]['fwd'])[len(times[name]['fwd']) // 2]
+        step = sorted(times[name]['step'])[len(times[name]['step']) // 2]
+        peak = float('nan') if args.no_memory else _peak_memory_mb(runner, 1)
+        results[name] = {'impl': name, **common, 'forward_s': round(fwd, 4), 'train_step_s': round(step, 4),
+                         'peak_mem_mb': round(peak, 1), 'train_samples_per_s': round(args.batch / step, 3)}
+        print(json.dumps(results[name]), flush=True)
+    if 'reference' in results:
+        r, o = results['reference'], results['ours']
+        print(json.dumps({'speedup_train_step': round(r['train_step_s'] / o['train_step_s'], 3),
+                          'speedup_forward': round(r['forward_s'] / o['forward_s'], 3),
+                          'peak_mem_ratio': round(o['peak_mem_mb'] / r['peak_mem_mb'], 3)
+                          if r['peak_mem_mb'] == r['peak_mem_mb'] and r['peak_mem_mb'] > 0 else None}), flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
