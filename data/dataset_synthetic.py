@@ -4,10 +4,11 @@ The generator (:class:`SyntheticScene`) draws everything from one ``np.random.Ge
 function of the generator's seed:
 
 * **World.** A large canvas (the frame plus a margin that covers the whole clip's camera path) holding a colour
-  gradient, smooth multi-scale colour noise, patches of oriented sinusoidal gratings (periods 5-24 px), filled
+  gradient, smooth multi-scale colour noise, patches of oriented sinusoidal gratings (periods 10-32 px), filled
   polygons / ellipses / rotated rectangles with anti-aliased sharp edges, thin strokes (1-3 px anti-aliased
   polylines and curves), short text, and a faint fine-grain noise on top. Sizes are in GT pixels, so the content
-  has detail at the GT scale that x4 bicubic downsampling removes but a network can learn to restore.
+  has detail at the GT scale that x4 bicubic downsampling removes but a network can learn to restore (little
+  content sits near the GT Nyquist limit, which LQ could not predict).
 * **Global motion.** A camera that translates (up to 1.5 px/frame, constant acceleration), zooms (<= 0.4 %/frame)
   and rotates (<= 0.25 deg/frame), rendered by one ``cv2.warpAffine`` (bicubic, sub-pixel) of the canvas per frame.
 * **Local motion.** One to three objects (disc, ellipse or polygon with its own texture and an anti-aliased
@@ -23,7 +24,7 @@ Degradations (all items are deterministic functions of ``(seed, index)``, augmen
   antialiased bicubic, a = -0.5, the same kernel as MATLAB ``imresize``; close to, not bit-equal with, the BI
   degradation of REDS/Vimeo). See :func:`bicubic_downsample`.
 * ``deblur``: the camera and objects move 3x faster; ``L`` frame ``t`` is the mean of ``n`` renders over
-  ``[t - 0.5, t + 0.5]`` (``n`` in [3, 15], chosen so consecutive renders are at most ~1 px apart), ``H`` the
+  ``[t - 0.5, t + 0.5]`` (``n`` in [3, 11], chosen so consecutive renders are at most ~1.25 px apart), ``H`` the
   sharp render at ``t`` (the exposure's centre, as in GoPro/DVD).
 * ``denoise``: one ``sigma ~ U[sigma_min, sigma_max] / 255`` per clip, ``L = cat(H + sigma * N(0, 1), sigma map)``,
   not clipped, ``(T, 4, h, w)`` (REFERENCE 3.4).
@@ -51,9 +52,7 @@ _FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_CO
 _LETTERS = np.array(list("ABCDEFGHJKLMNPRSTUVWXYZabdeghkmnqrstuvwxyz0123456789"))
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # Drawing primitives
-# ----------------------------------------------------------------------------------------------------------------
 def _fixed(points: np.ndarray) -> np.ndarray:
     return np.round(points * (1 << _SHIFT)).astype(np.int32)
 
@@ -144,7 +143,7 @@ def make_texture(rng: np.random.Generator, h: int, w: int, detail: float = 1.0) 
     img = c0 + (c1 - c0) * g[..., None]
     img += np.float32(rng.uniform(0.05, 0.3)) * (_smooth_noise(rng, h, w, int(rng.integers(24, 64))) - 0.5)
     if rng.random() < 0.6:
-        period, phase, th = rng.uniform(5, 24), rng.uniform(0, 2 * np.pi), rng.uniform(0, np.pi)
+        period, phase, th = rng.uniform(10, 32), rng.uniform(0, 2 * np.pi), rng.uniform(0, np.pi)
         arg = (x * np.float32(np.cos(th)) + y * np.float32(np.sin(th))) * np.float32(2 * np.pi / period) + phase
         patch = np.clip((_smooth_noise(rng, h, w, int(rng.integers(32, 80)), 1) - 0.5) * 6 + 0.5, 0, 1)
         img += np.sin(arg)[..., None] * patch * (rng.random(3, dtype=np.float32) - 0.5) * np.float32(0.5)
@@ -152,13 +151,11 @@ def make_texture(rng: np.random.Generator, h: int, w: int, detail: float = 1.0) 
     _draw_shapes(rng, img, max(1, round(detail * area * rng.uniform(4, 10))), 0.03 * side, 0.2 * side)
     _draw_strokes(rng, img, max(1, round(detail * area * rng.uniform(4, 12))), 0.25 * side)
     _draw_text(rng, img, int(rng.binomial(max(1, round(detail * area * 4)), 0.5)))
-    img += np.float32(rng.uniform(0.0, 0.06)) * (_smooth_noise(rng, h, w, int(rng.integers(3, 6))) - 0.5)
+    img += np.float32(rng.uniform(0.0, 0.03)) * (_smooth_noise(rng, h, w, int(rng.integers(4, 8))) - 0.5)
     return img
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # Scene: canvas + camera + moving objects, rendered at any time t
-# ----------------------------------------------------------------------------------------------------------------
 def _rotation(angle: float, zoom: float = 1.0) -> np.ndarray:
     c, s = math.cos(angle) * zoom, math.sin(angle) * zoom
     return np.array([[c, -s], [s, c]])
@@ -248,9 +245,9 @@ class SyntheticScene:
         roi *= 1.0 - np.clip(patch[..., 3:], 0.0, 1.0)
         roi += patch[..., :3]
 
-    def render_motion_blur(self, t: float, exposure: float = 1.0, max_step: float = 1.0) -> np.ndarray:
+    def render_motion_blur(self, t: float, exposure: float = 1.0, max_step: float = 1.25) -> np.ndarray:
         """Mean of renders over ``[t - exposure/2, t + exposure/2]``, at most ``max_step`` px apart. (H, W, 3)."""
-        n = min(max(3, int(math.ceil(self.max_speed() * exposure / max_step)) + 1), 15)
+        n = min(max(3, int(math.ceil(self.max_speed() * exposure / max_step)) + 1), 11)
         acc = np.zeros((self.h, self.w, 3), np.float32)
         for k in range(n):
             acc += self.render(t + exposure * ((k + 0.5) / n - 0.5))
@@ -303,9 +300,7 @@ def bicubic_downsample(frames: torch.Tensor, scale: int) -> torch.Tensor:
     return torch.round(out.clamp(0, 1) * 255.0) / 255.0
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # Datasets
-# ----------------------------------------------------------------------------------------------------------------
 def _to_tensor(frames: np.ndarray) -> torch.Tensor:
     """(T, H, W, C) numpy -> (T, C, H, W) contiguous float32 tensor."""
     return torch.from_numpy(np.ascontiguousarray(frames.transpose(0, 3, 1, 2), dtype=np.float32))
@@ -356,7 +351,8 @@ def _make_item(rng: np.random.Generator, task: str, num_frame: int, h: int, w: i
     if task == "vfi":
         return frames[0::2], frames[VFI_FRAMES // 2:VFI_FRAMES // 2 + 1]
     sigma = rng.uniform(*sigma_range) / 255.0
-    noise = torch.from_numpy(rng.standard_normal(frames.shape, dtype=np.float32)) * np.float32(sigma)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    noise = torch.randn(frames.shape, generator=gen) * np.float32(sigma)
     sigma_map = torch.full_like(frames[:, :1], np.float32(sigma))
     return torch.cat([frames + noise, sigma_map], dim=1), frames
 
