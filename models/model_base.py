@@ -152,6 +152,11 @@ class ModelBase(abc.ABC):
     def load_pretrained(self) -> None:
         """Load ``path.pretrained_netG``/``pretrained_netE`` (used only when there is nothing to resume)."""
         path_g = self.opt["path"].get("pretrained_netG")
+        for key in ("pretrained_netG", "pretrained_netE"):
+            path = self.opt["path"].get(key)
+            if path and not os.path.isfile(path):
+                raise ckpt.CheckpointError(f"path.{key} = {path!r} does not exist; point it at a .pth file "
+                                           "(e.g. a released model in model_zoo/) or set it to null")
         if path_g:
             logger.info("Loading pretrained netG [%s]", path_g)
             ckpt.load_network(self.net_g, path_g, "params", strict=self.train_opt.get("G_param_strict", True))

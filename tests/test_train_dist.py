@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import (
-    ROOT,
+    DIST_ENTRY,
     assert_ok,
     base_env,
     free_port,
@@ -69,7 +69,7 @@ def test_validation_on_two_processes_equals_one(tmp_path):
 def test_legacy_torch_distributed_launch(tmp_path):
     opt = write_opt(tmp_path, train={"total_iter": 2})
     cmd = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
-           os.path.join(ROOT, "tests", "dist_entry.py"), "--opt", opt, "--dist", "True"]
+           DIST_ENTRY, "--opt", opt, "--dist", "True"]
     proc = subprocess.run(cmd, env=base_env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=240)
     assert_ok(proc)
     assert os.path.isfile(os.path.join(_models(tmp_path), "2_state.pth"))
@@ -84,7 +84,7 @@ def test_two_nodes_emulated(tmp_path):
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
                "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-               os.path.join(ROOT, "tests", "dist_entry.py"), "--opt", opt]
+               DIST_ENTRY, "--opt", opt]
         procs.append(subprocess.Popen(cmd, env=base_env(str(report)), cwd=str(tmp_path), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=240)[0] for p in procs]

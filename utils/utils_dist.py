@@ -240,16 +240,17 @@ def _collective_device() -> torch.device:
 
 
 def reduce_mean_dict(values: Mapping[str, float]) -> dict[str, float]:
-    """Average a dict of scalars over ranks (every rank must pass the same keys)."""
+    """Average a dict of scalars over ranks (every rank must pass the same keys); the key order is kept."""
     if not values:
         return {}
-    keys = sorted(values)
     if not is_dist():
-        return {k: float(values[k]) for k in keys}
+        return {k: float(v) for k, v in values.items()}
+    keys = sorted(values)  # the same order on every rank
     tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     tensor /= dist.get_world_size()
-    return dict(zip(keys, tensor.cpu().tolist()))
+    reduced = dict(zip(keys, tensor.cpu().tolist()))
+    return {k: reduced[k] for k in values}
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,8 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
     """
     t_opt, paths = opt["train"], opt["path"]
     start_step = _resume_step(opt)
+    seed = agree_seed(t_opt)
+    seed_everything(seed)  # the same initial weights on every rank and in every run with this seed
     train_set, test_set, model = _build(opt, dist_info)
     model.init_train()
     train_state: dict[str, Any] = {}
@@ -153,7 +155,7 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
         logger.info("Resuming from step %d (%s)", start_step, paths["models"])
     else:
         model.load_pretrained()
-    seed = int(train_state.get("seed") or agree_seed(t_opt))
+    seed = int(train_state.get("seed") or seed)
     logger.info("Random seed: %d", seed)
     seed_everything(seed + dist_info.rank)
     rngs = train_state.get("rng")
