@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from utils import utils_dist
+
 logger = logging.getLogger(__name__)
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -79,6 +81,16 @@ def latest_complete_step(models_dir: str) -> int:
     """The newest complete step in ``models_dir`` (0 when there is none)."""
     steps = complete_steps(models_dir)
     return steps[-1] if steps else 0
+
+
+@utils_dist.master_only
+def remove_stale_temporaries(models_dir: str) -> list[str]:
+    """Delete ``*.pth.tmp<pid>`` files left by a process killed while saving (never a complete file)."""
+    stale = glob.glob(os.path.join(glob.escape(models_dir), "*.pth.tmp*"))
+    for path in stale:
+        os.remove(path)
+        logger.warning("removed %s, left by an interrupted save", path)
+    return stale
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -178,6 +178,7 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
     logger.info("Number of train clips: %d, iters per epoch: %d", len(train_set), len(loader) // accum)
     if on_ready is not None:
         on_ready()
+    ckpt.remove_stale_temporaries(paths["models"])
 
     tb = TensorBoardWriter(paths["tensorboard"])
     stop = StopRequest()
