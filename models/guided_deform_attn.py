@@ -1,0 +1,385 @@
+"""Guided deformable attention (RVRT) in pure PyTorch: no CUDA build, runs on CPU and GPU.
+
+:func:`deform_attn` reproduces the reference CUDA operator (``models/op/deform_attn.py`` of RVRT), with the
+same arguments and tensor layouts:
+
+* ``q``: (B, ..., C, H, W) with ``B = N * clip_size`` query frames (the reference passes (B, 1, C, H, W));
+* ``kv``: (N, clip_size, 2C, H, W), keys then values along channels;
+* ``offset``: (B, clip_size * G * kh * kw * 2, H, W). Block ``n`` of query frame ``j`` (``b = N_i * clip + j``)
+  samples kv frame ``(j + n) % clip_size`` of clip ``N_i``. Inside a block, group ``g`` and kernel point ``k``
+  (row-major over the kh x kw window) hold ``(dy, dx)`` at channels ``(g * kh * kw + k) * 2 + {0, 1}``;
+* the 2C kv channels are split into G contiguous deformable groups (so with G = 12 the first six groups move
+  the keys and the last six the values), each group sampled at its own positions;
+* sampling position of point (i, j) for output pixel (y, x): ``(y * stride - padding + i * dilation + dy,
+  x * stride - padding + j * dilation + dx)`` in pixel indices, bilinear, each of the four neighbours outside
+  the image contributing zero (the DCN im2col convention);
+* per head (``head_dim = C / attention_heads``): ``softmax(q * head_dim**-0.5 . K)`` over the
+  ``clip_size * kh * kw`` samples, then the weighted sum of the sampled values. Output has ``q``'s shape.
+
+Numerics: the sampling and the attention run in float32 with autocast disabled (float64 inputs stay float64),
+and the result is cast back to ``q.dtype``: sub-pixel positions do not survive bf16/fp16, and the softmax over
+18 samples is cheap. The bilinear sampling is ``F.grid_sample(padding_mode='zeros', align_corners=False)``
+with positions normalised as ``(2 * p + 1) / size - 1``, which is exactly the pixel-index convention of the
+CUDA kernel (also for a size of 1).
+
+Memory: the sampled keys/values are ``clip_size * kh * kw`` times the size of ``kv``. When autograd needs them,
+the operator is recomputed in backward (non-reentrant activation checkpointing, the CUDA op's strategy too), so
+only ``q``, ``kv`` and ``offset`` are stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Mlp
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+logger = logging.getLogger(__name__)
+
+_COMPILED: dict[str, object] = {}
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    a, b = value
+    return int(a), int(b)
+
+
+def _attend_frames(
+    q: Tensor,
+    kv_frames: Tensor,
+    offset: Tensor,
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    attention_heads: int,
+    deformable_groups: int,
+) -> Tensor:
+    """Deformable attention of each query frame over its own stack of kv frames (no dtype handling).
+
+    Args:
+        q: (B, C, H, W) queries.
+        kv_frames: (B, S, 2C, H, W) the S kv frames each query attends to.
+        offset: (B, S * G * kh * kw * 2, H, W), (dy, dx) per frame, group and kernel point.
+
+    Returns:
+        (B, C, H, W).
+    """
+    b, s, c2, h, w = kv_frames.shape
+    kh, kw = kernel
+    kk = kh * kw
+    g = deformable_groups
+    heads = attention_heads
+    hd = c2 // 2 // heads
+    hw = h * w
+    dev, dt = q.device, q.dtype
+    # base sampling positions (kk, H*W) in pixel indices
+    ys = torch.arange(h, device=dev, dtype=dt) * stride[0] - padding[0]
+    xs = torch.arange(w, device=dev, dtype=dt) * stride[1] - padding[1]
+    ki = torch.arange(kh, device=dev, dtype=dt) * dilation[0]
+    kj = torch.arange(kw, device=dev, dtype=dt) * dilation[1]
+    base_y = (ki.view(kh, 1, 1, 1) + ys.view(1, 1, h, 1)).expand(kh, kw, h, w).reshape(kk, hw)
+    base_x = (kj.view(1, kw, 1, 1) + xs.view(1, 1, 1, w)).expand(kh, kw, h, w).reshape(kk, hw)
+    off = offset.reshape(b, s, g, kk, 2, hw)
+    pos_y = off[:, :, :, :, 0] + base_y  # (B, S, G, kk, HW)
+    pos_x = off[:, :, :, :, 1] + base_x
+    grid = torch.stack(((2 * pos_x + 1) / w - 1, (2 * pos_y + 1) / h - 1), dim=-1)
+    cols = F.grid_sample(
+        kv_frames.reshape(b * s * g, c2 // g, h, w),
+        grid.view(b * s * g, kk, hw, 2),
+        mode='bilinear',
+        padding_mode='zeros',
+        align_corners=False,
+    )  # (B*S*G, 2C/G, kk, HW)
+    cols = cols.view(b, s, 2, heads, hd, kk, hw)
+    keys, values = cols[:, :, 0], cols[:, :, 1]  # (B, S, heads, hd, kk, HW)
+    qh = q.reshape(b, heads, hd, hw) * hd**-0.5
+    logits = torch.einsum('bhdp,bshdkp->bhskp', qh, keys)
+    attn = logits.reshape(b, heads, s * kk, hw).softmax(dim=2).view(b, heads, s, kk, hw)
+    out = torch.einsum('bhskp,bshdkp->bhdp', attn, values)
+    return out.reshape(b, heads * hd, h, w)
+
+
+def _work_dtype(t: Tensor) -> torch.dtype:
+    """float64 stays float64; everything else (fp32, bf16, fp16) is computed in float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _run(q: Tensor, kv_frames: Tensor, offset: Tensor, params: tuple, recompute: bool | None, compile: bool) -> Tensor:
+    """Dtype/autocast policy, optional torch.compile and backward recomputation around :func:`_attend_frames`."""
+    out_dtype = q.dtype
+    work = _work_dtype(q)
+    fn = _attend_frames
+    if compile:
+        if 'fn' not in _COMPILED:
+            _COMPILED['fn'] = torch.compile(_attend_frames, dynamic=True)
+        fn = _COMPILED['fn']  # type: ignore[assignment]
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        args = (q.to(work), kv_frames.to(work), offset.to(work), *params)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in args[:3])
+        if needs_grad and (recompute is None or recompute):
+            out = checkpoint(fn, *args, use_reentrant=False)
+        else:
+            out = fn(*args)
+    return out.to(out_dtype)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(f'deform_attn: {message}')
+
+
+def deform_attn(
+    q: Tensor,
+    kv: Tensor,
+    offset: Tensor,
+    kernel_h: int,
+    kernel_w: int,
+    stride: int = 1,
+    padding: int = 0,
+    dilation: int = 1,
+    attention_heads: int = 1,
+    deformable_groups: int = 1,
+    clip_size: int = 1,
+    *,
+    recompute: bool | None = None,
+    compile: bool = False,
+) -> Tensor:
+    """Guided deformable attention with the reference CUDA operator's semantics (see the module docstring).
+
+    Args:
+        q: (N * clip_size, ..., C, H, W) queries, e.g. (B, 1, C, H, W) or (B, C, H, W).
+        kv: (N, clip_size, 2C, H, W) keys then values.
+        offset: (N * clip_size, clip_size * deformable_groups * kernel_h * kernel_w * 2, H, W), (dy, dx) pairs.
+        kernel_h, kernel_w: attention window.
+        stride, padding, dilation: window placement, as in a convolution (the output keeps q's H x W).
+        attention_heads: heads; C must be divisible by it.
+        deformable_groups: offset groups over the 2C kv channels; 2C must be divisible by it.
+        clip_size: kv frames per clip.
+        recompute: recompute the sampling in backward instead of storing it (default: whenever autograd
+            needs it).
+        compile: run the core through ``torch.compile`` (a speed option; same results up to rounding).
+
+    Returns:
+        Tensor with ``q``'s shape and dtype.
+    """
+    _check(kv.dim() == 5, f'kv must be (N, clip_size, 2C, H, W), got shape {tuple(kv.shape)}')
+    n, clip, c2, h, w = kv.shape
+    _check(clip == clip_size, f'kv has {clip} frames per clip but clip_size={clip_size}')
+    _check(c2 % 2 == 0, f'kv channels must be 2C (keys then values), got {c2}')
+    c = c2 // 2
+    b = q.shape[0]
+    _check(b == n * clip_size and q.numel() == b * c * h * w,
+           f'q must hold N*clip_size={n * clip_size} frames of (C={c}, H={h}, W={w}), got shape {tuple(q.shape)}')
+    _check(c % attention_heads == 0, f'C={c} is not divisible by attention_heads={attention_heads}')
+    _check(c2 % deformable_groups == 0, f'2C={c2} is not divisible by deformable_groups={deformable_groups}')
+    per_block = deformable_groups * kernel_h * kernel_w * 2
+    _check(tuple(offset.shape) == (b, clip_size * per_block, h, w),
+           f'offset must be {(b, clip_size * per_block, h, w)}, got {tuple(offset.shape)}')
+    # query frame j of clip i attends to kv frames (j + n) % clip_size, n = 0..clip_size-1
+    j = torch.arange(clip_size, device=kv.device)
+    order = (j.view(-1, 1) + j.view(1, -1)) % clip_size  # (clip_j, clip_n)
+    kv_frames = kv[:, order].reshape(b, clip_size, c2, h, w)
+    params = ((kernel_h, kernel_w), _pair(stride), _pair(padding), _pair(dilation), attention_heads,
+              deformable_groups)
+    out = _run(q.reshape(b, c, h, w), kv_frames, offset, params, recompute, compile)
+    return out.view(q.shape)
+
+
+class ChannelsLast(nn.Module):
+    """Apply a channels-last module to the channel axis of (N, D, C, H, W).
+
+    The wrapped module is registered as ``'1'``, the index it has in the reference's
+    ``Sequential(Rearrange, module, Rearrange)``, so state-dict keys read e.g. ``proj_q.1.weight``.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.add_module('1', module)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (N, D, C_in, H, W) -> (N, D, C_out, H, W)."""
+        return getattr(self, '1')(x.movedim(2, -1)).movedim(-1, 2)
+
+
+class DeformAttnPack(nn.Module):
+    """Deformable attention of one query frame over a clip, offsets predicted by one 3x3 convolution.
+
+    State-dict names follow the reference's ``DeformAttnPack``: ``conv_offset``, ``proj_q.1``, ``proj_k.1``,
+    ``proj_v.1``, ``mlp.1.fc1``, ``mlp.1.fc2``. The offset convolution is zero-initialised.
+
+    Args:
+        in_channels: feature channels C.
+        out_channels: kept for the reference signature (the output has C channels).
+        attention_window: (kh, kw).
+        deformable_groups: offset groups over the 2C kv channels.
+        attention_heads: heads over C.
+        clip_size: kv frames S.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int | None = None,
+        attention_window: Sequence[int] = (3, 3),
+        deformable_groups: int = 12,
+        attention_heads: int = 12,
+        clip_size: int = 1,
+    ) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels or in_channels
+        self.kernel_h, self.kernel_w = _pair(attention_window)
+        self.attn_size = self.kernel_h * self.kernel_w
+        self.deformable_groups = deformable_groups
+        self.attention_heads = attention_heads
+        self.clip_size = clip_size
+        self.stride, self.padding, self.dilation = 1, self.kernel_h // 2, 1
+        c = in_channels
+        self.proj_q = ChannelsLast(nn.Linear(c, c))
+        self.proj_k = ChannelsLast(nn.Linear(c, c))
+        self.proj_v = ChannelsLast(nn.Linear(c, c))
+        self.mlp = ChannelsLast(Mlp(c, 2 * c))
+        self.conv_offset = nn.Conv2d(c * (1 + clip_size), clip_size * deformable_groups * self.attn_size * 2, 3, 1, 1)
+        nn.init.zeros_(self.conv_offset.weight)
+        nn.init.zeros_(self.conv_offset.bias)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attend from q to the clip (k, v).
+
+        Args:
+            q: (N, 1, C, H, W) query frame.
+            k: (N, S, C, H, W) key frames.
+            v: (N, S, C, H, W) value frames.
+
+        Returns:
+            (N, 1, C, H, W).
+        """
+        offset = self.conv_offset(torch.cat([q.flatten(1, 2), k.flatten(1, 2)], dim=1))
+        kv = torch.cat([self.proj_k(k), self.proj_v(v)], dim=2)
+        params = ((self.kernel_h, self.kernel_w), (self.stride,) * 2, (self.padding,) * 2, (self.dilation,) * 2,
+                  self.attention_heads, self.deformable_groups)
+        out = _run(self.proj_q(q)[:, 0], kv, offset, params, None, False).unsqueeze(1)
+        return out + self.mlp(out)
+
+
+class GuidedDeformAttnPack(nn.Module):
+    """Flow-guided deformable attention (RVRT), aligning the previous clip's features to the current clip.
+
+    Offsets are ``max_residue_magnitude * tanh(conv_offset(...))`` plus the optical flows; q, k, v are projected
+    to 2C channels, attended with :func:`deform_attn`, projected back to C and refined by an MLP. State-dict
+    names follow the reference: ``conv_offset.{0,2,4,6,8,10}``, ``proj_q.1``, ``proj_k.1``, ``proj_v.1``,
+    ``proj.1``, ``mlp.1.fc1``, ``mlp.1.fc2``; the last offset layer is zero-initialised.
+
+    Args:
+        in_channels: feature channels C.
+        out_channels: kept for the reference signature (the output has C channels).
+        attention_window: (kh, kw).
+        deformable_groups: offset groups over the 4C projected kv channels.
+        attention_heads: heads over the 2C projected channels.
+        clip_size: frames per clip (the offset network's input layout assumes 2).
+        max_residue_magnitude: bound of the learned offset residue, in pixels.
+        recompute: see :func:`deform_attn`.
+        compile: see :func:`deform_attn`.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int | None = None,
+        attention_window: Sequence[int] = (3, 3),
+        deformable_groups: int = 12,
+        attention_heads: int = 12,
+        clip_size: int = 2,
+        max_residue_magnitude: float = 10,
+        recompute: bool | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels or in_channels
+        self.kernel_h, self.kernel_w = _pair(attention_window)
+        self.attn_size = self.kernel_h * self.kernel_w
+        self.deformable_groups = deformable_groups
+        self.attention_heads = attention_heads
+        self.clip_size = clip_size
+        self.max_residue_magnitude = max_residue_magnitude
+        self.stride, self.padding, self.dilation = 1, self.kernel_h // 2, 1
+        self.recompute = recompute
+        self.compile = compile
+        c = in_channels
+        self.proj_channels = 2 * c
+        layers: list[nn.Module] = [nn.Conv3d(c * (1 + clip_size) + clip_size * 2, 64, kernel_size=1)]
+        for _ in range(4):
+            layers += [nn.LeakyReLU(0.1, inplace=True), nn.Conv3d(64, 64, (1, 3, 3), padding=(0, 1, 1))]
+        layers += [nn.LeakyReLU(0.1, inplace=True),
+                   nn.Conv3d(64, clip_size * deformable_groups * self.attn_size * 2, kernel_size=1)]
+        self.conv_offset = nn.Sequential(*layers)
+        nn.init.zeros_(self.conv_offset[-1].weight)
+        nn.init.zeros_(self.conv_offset[-1].bias)
+        self.proj_q = ChannelsLast(nn.Linear(c, self.proj_channels))
+        self.proj_k = ChannelsLast(nn.Linear(c, self.proj_channels))
+        self.proj_v = ChannelsLast(nn.Linear(c, self.proj_channels))
+        self.proj = ChannelsLast(nn.Linear(self.proj_channels, c))
+        self.mlp = ChannelsLast(Mlp(c, 2 * c, c))
+
+    def _offset_net(self, x: Tensor) -> Tensor:
+        """The (1, k, k) Conv3d stack run as 2-D convolutions on all frames: (B*T, C_in, H, W) -> (B*T, C_out, H, W)."""
+        for layer in self.conv_offset:
+            if isinstance(layer, nn.Conv3d):
+                x = F.conv2d(x, layer.weight.squeeze(2), layer.bias, padding=layer.padding[1:])
+            else:
+                x = layer(x)
+        return x
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        v_prop_warped: Sequence[Tensor],
+        flows: Sequence[Tensor],
+        return_updateflow: bool,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """Align the propagated clip features ``v`` to the current clip.
+
+        Args:
+            q: (N, T, C, H, W) current clip features (T = clip_size).
+            k: (N, T, C, H, W) previous clip features.
+            v: (N, T, C, H, W) propagated features of the previous clip.
+            v_prop_warped: two (N, T, C, H, W) flow-warped versions of ``v``.
+            flows: two (N, T, 2, H, W) flows (dx, dy), one per offset block.
+            return_updateflow: also return the offset-refined flows.
+
+        Returns:
+            (N, T, C, H, W) aligned features; with ``return_updateflow`` also the two refined flows
+            (N, T, 2, H, W), the mean of each block's offsets in (dx, dy) order (float32, or float64 for
+            float64 inputs).
+        """
+        n, t, _, h, w = q.shape
+        x = torch.cat([q, *v_prop_warped, *flows], dim=2).flatten(0, 1)
+        raw = self._offset_net(x).view(n, t, -1, h, w)
+        # offsets in fp32 even under autocast: residue (up to 10 px) plus the flow needs sub-pixel precision
+        work = _work_dtype(raw)
+        offsets = self.max_residue_magnitude * torch.tanh(raw.to(work))
+        blocks = []
+        for o, flow in zip(torch.chunk(offsets, 2, dim=2), flows):
+            blocks.append(o.view(n, t, -1, 2, h, w) + flow.to(work).flip(2).unsqueeze(2))
+        offset = torch.cat([o.flatten(2, 3) for o in blocks], dim=2).flatten(0, 1)  # (N*T, 2*G*kk*2, H, W)
+        qp = self.proj_q(q)
+        kv = torch.cat([self.proj_k(k), self.proj_v(v)], dim=2)
+        out = deform_attn(qp.flatten(0, 1), kv, offset, self.kernel_h, self.kernel_w, self.stride, self.padding,
+                          self.dilation, self.attention_heads, self.deformable_groups, self.clip_size,
+                          recompute=self.recompute, compile=self.compile)
+        out = self.proj(out.view(n, t, self.proj_channels, h, w))
+        out = out + self.mlp(out)
+        if not return_updateflow:
+            return out
+        flow1, flow2 = (o.mean(2).flip(2) for o in blocks)
+        return out, flow1, flow2

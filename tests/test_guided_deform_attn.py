@@ -1,0 +1,185 @@
+"""Guided deformable attention: equality with a per-pixel loop written from the CUDA kernel, gradients, modules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models.guided_deform_attn import DeformAttnPack, GuidedDeformAttnPack, deform_attn
+
+
+def _bilinear(img: torch.Tensor, h: float, w: float) -> torch.Tensor:
+    """``dmcn_im2col_bilinear`` of the CUDA kernel for all channels of img (C, H, W), with its range test."""
+    height, width = img.shape[1:]
+    if not (h > -1 and w > -1 and h < height and w < width):
+        return img.new_zeros(img.shape[0])
+    h_low, w_low = math.floor(h), math.floor(w)
+    h_high, w_high = h_low + 1, w_low + 1
+    lh, lw = h - h_low, w - w_low
+    hh, hw = 1 - lh, 1 - lw
+    val = img.new_zeros(img.shape[0])
+    if h_low >= 0 and w_low >= 0:
+        val = val + hh * hw * img[:, h_low, w_low]
+    if h_low >= 0 and w_high <= width - 1:
+        val = val + hh * lw * img[:, h_low, w_high]
+    if h_high <= height - 1 and w_low >= 0:
+        val = val + lh * hw * img[:, h_high, w_low]
+    if h_high <= height - 1 and w_high <= width - 1:
+        val = val + lh * lw * img[:, h_high, w_high]
+    return val
+
+
+def naive_deform_attn(q, kv, offset, kh, kw, stride, pad, dil, heads, groups, clip):
+    """Per-pixel loop following deform_attn_cuda_forward + modulated_deformable_im2col (mask = 1)."""
+    b_total = q.shape[0]
+    _, _, c2, height, width = kv.shape
+    c, kk = c2 // 2, kh * kw
+    hd, cg = c // heads, c2 // groups
+    qf = q.reshape(b_total, c, height, width)
+    off = offset.reshape(b_total, clip, groups, kk, 2, height, width)
+    out = torch.zeros(b_total, c, height, width, dtype=q.dtype)
+    for b in range(b_total):
+        for y in range(height):
+            for x in range(width):
+                samples = torch.zeros(clip * kk, c2, dtype=q.dtype)
+                for n in range(clip):
+                    frame = kv[b // clip, (n + b) % clip]
+                    for g in range(groups):
+                        for i in range(kh):
+                            for j in range(kw):
+                                k = i * kw + j
+                                py = y * stride - pad + i * dil + float(off[b, n, g, k, 0, y, x])
+                                px = x * stride - pad + j * dil + float(off[b, n, g, k, 1, y, x])
+                                samples[n * kk + k, g * cg:(g + 1) * cg] = _bilinear(frame[g * cg:(g + 1) * cg], py, px)
+                for h in range(heads):
+                    qv = qf[b, h * hd:(h + 1) * hd, y, x] * hd**-0.5
+                    keys = samples[:, h * hd:(h + 1) * hd]
+                    values = samples[:, c + h * hd:c + (h + 1) * hd]
+                    attn = torch.softmax(keys @ qv, dim=0)
+                    out[b, h * hd:(h + 1) * hd, y, x] = attn @ values
+    return out.view(q.shape)
+
+
+def _inputs(n=1, clip=2, c=4, h=5, w=6, groups=2, kh=3, kw=3, scale=2.5, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n * clip, 1, c, h, w, generator=g, dtype=dtype)
+    kv = torch.randn(n, clip, 2 * c, h, w, generator=g, dtype=dtype)
+    offset = scale * torch.randn(n * clip, clip * groups * kh * kw * 2, h, w, generator=g, dtype=dtype)
+    return q, kv, offset
+
+
+@pytest.mark.parametrize(
+    "n,clip,c,heads,groups,kh,kw,stride,pad,dil",
+    [
+        (1, 2, 4, 2, 2, 3, 3, 1, 1, 1),  # RVRT's setting in miniature
+        (2, 2, 6, 3, 4, 3, 3, 1, 1, 1),  # several clips, groups straddling k and v
+        (1, 3, 4, 1, 1, 3, 3, 1, 1, 1),  # clip 3: frame (j + n) % 3 selection
+        (1, 1, 4, 2, 8, 1, 3, 2, 0, 2),  # 1x3 window, stride 2, dilation 2
+    ],
+)
+def test_matches_naive_loop(n, clip, c, heads, groups, kh, kw, stride, pad, dil):
+    q, kv, offset = _inputs(n, clip, c, groups=groups, kh=kh, kw=kw)
+    args = (kh, kw, stride, pad, dil, heads, groups, clip)
+    ours = deform_attn(q, kv, offset, *args)
+    ref = naive_deform_attn(q, kv, offset, *args)
+    assert ours.shape == q.shape
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_out_of_range_and_integer_positions():
+    """Samples on the border, exactly on -1 / H, and far outside behave like the kernel (zero outside)."""
+    q, kv, _ = _inputs(c=4, h=4, w=4)
+    offset = torch.zeros(2, 2 * 2 * 9 * 2, 4, 4, dtype=torch.float64)
+    offset[:, 0::7] = -1.0  # integer shifts land exactly on the -1 boundary for the first row/column
+    offset[:, 1::5] = 4.0
+    offset[:, 3::11] = 100.0  # far outside
+    offset[:, 2::13] = -0.5
+    args = (3, 3, 1, 1, 1, 2, 2, 2)
+    torch.testing.assert_close(deform_attn(q, kv, offset, *args), naive_deform_attn(q, kv, offset, *args),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_float32_and_single_pixel_width():
+    q, kv, offset = _inputs(c=4, h=3, w=1, dtype=torch.float32, scale=0.7)
+    args = (3, 3, 1, 1, 1, 2, 2, 2)
+    torch.testing.assert_close(deform_attn(q, kv, offset, *args), naive_deform_attn(q, kv, offset, *args),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_gradcheck(recompute):
+    q, kv, offset = _inputs(c=2, h=3, w=3, groups=2, scale=1.3)
+    q.requires_grad_(True)
+    kv.requires_grad_(True)
+    offset.requires_grad_(True)
+
+    def fn(q, kv, offset):
+        return deform_attn(q, kv, offset, 3, 3, 1, 1, 1, 1, 2, 2, recompute=recompute)
+
+    assert torch.autograd.gradcheck(fn, (q, kv, offset), eps=1e-6, atol=1e-5)
+
+
+def test_recompute_gives_same_gradients():
+    q, kv, offset = _inputs(c=4, dtype=torch.float32)
+    grads = []
+    for recompute in (False, True):
+        leaves = [t.clone().requires_grad_(True) for t in (q, kv, offset)]
+        out = deform_attn(*leaves, 3, 3, 1, 1, 1, 2, 2, 2, recompute=recompute)
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_autocast_bf16_cpu():
+    q, kv, offset = _inputs(c=4, dtype=torch.float32)
+    ref = deform_attn(q, kv, offset, 3, 3, 1, 1, 1, 2, 2, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = deform_attn(q.bfloat16(), kv.bfloat16(), offset, 3, 3, 1, 1, 1, 2, 2, 2)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+
+
+def test_bad_shapes_raise_clear_errors():
+    q, kv, offset = _inputs(c=4)
+    with pytest.raises(ValueError, match="offset must be"):
+        deform_attn(q, kv, offset[:, :-2], 3, 3, 1, 1, 1, 2, 2, 2)
+    with pytest.raises(ValueError, match="attention_heads"):
+        deform_attn(q, kv, offset, 3, 3, 1, 1, 1, 3, 2, 2)
+    with pytest.raises(ValueError, match="clip_size"):
+        deform_attn(q, kv, offset, 3, 3, 1, 1, 1, 2, 2, 3)
+
+
+def test_guided_pack_keys_shapes_and_flow_guidance():
+    torch.manual_seed(0)
+    c, groups = 8, 4
+    m = GuidedDeformAttnPack(c, c, attention_window=(3, 3), deformable_groups=groups, attention_heads=4, clip_size=2)
+    keys = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    assert keys["conv_offset.0.weight"] == (64, 3 * c + 4, 1, 1, 1)
+    assert keys["conv_offset.10.weight"] == (2 * groups * 9 * 2, 64, 1, 1, 1)
+    assert keys["proj_q.1.weight"] == (2 * c, c) and keys["proj.1.weight"] == (c, 2 * c)
+    assert keys["mlp.1.fc1.weight"] == (2 * c, c) and keys["mlp.1.fc2.weight"] == (c, 2 * c)
+    assert sorted({k.split(".")[0] for k in keys}) == ["conv_offset", "mlp", "proj", "proj_k", "proj_q", "proj_v"]
+    n, t, h, w = 1, 2, 6, 7
+    q, k, v = (torch.randn(n, t, c, h, w) for _ in range(3))
+    warped = [torch.randn(n, t, c, h, w) for _ in range(2)]
+    flows = [torch.randn(n, t, 2, h, w) for _ in range(2)]
+    out, f1, f2 = m(q, k, v, warped, flows, True)
+    assert out.shape == (n, t, c, h, w)
+    # zero-initialised offset head: the refined flows are exactly the input flows
+    torch.testing.assert_close(f1, flows[0])
+    torch.testing.assert_close(f2, flows[1])
+    out.sum().backward()
+    assert m.conv_offset[-1].weight.grad is not None and m.conv_offset[-1].weight.grad.abs().sum() > 0
+    assert m(q, k, v, warped, flows, False).shape == (n, t, c, h, w)
+
+
+def test_deform_attn_pack():
+    m = DeformAttnPack(8, 8, attention_window=(3, 3), deformable_groups=4, attention_heads=2, clip_size=2)
+    keys = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    assert keys["conv_offset.weight"] == (2 * 4 * 9 * 2, 8 * 3, 3, 3)
+    assert keys["proj_q.1.weight"] == (8, 8) and keys["mlp.1.fc1.weight"] == (16, 8)
+    q, k, v = torch.randn(2, 1, 8, 5, 5), torch.randn(2, 2, 8, 5, 5), torch.randn(2, 2, 8, 5, 5)
+    assert m(q, k, v).shape == (2, 1, 8, 5, 5)
