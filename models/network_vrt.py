@@ -193,6 +193,47 @@ class MlpGEGLU(nn.Module):
         return self.fc2(self.act(self.fc11(x)) * self.fc12(x))
 
 
+class _BiasedAttention(torch.autograd.Function):
+    """Attention with a trainable additive bias that stores no (N x N) matrix for backward.
+
+    Forward is ``F.scaled_dot_product_attention`` (the fused kernel); backward recomputes the probabilities per
+    sample and chunk of the head axis (FlashAttention's recipe, with the row term ``rowsum(dO * O)``) and returns
+    the gradients of q, k, v and the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
+    """
+
+    _CHUNK_ELEMENTS = 1 << 21  # about 8 MB of fp32 scores per chunk
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+        # detached, so the kernel choice does not see requires_grad (which would force the math fallback)
+        out = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), attn_mask=bias.detach(), scale=scale)
+        ctx.save_for_backward(q, k, v, bias, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, bias, out = ctx.saved_tensors
+        scale = ctx.scale
+        b, heads, n, _ = q.shape
+        grad_out = grad_out.contiguous()
+        row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, N, 1) = rowsum(dP * P)
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grad_bias = torch.zeros_like(bias)
+        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))
+        for i in range(b):
+            for h0 in range(0, heads, step):
+                hs = slice(h0, min(h0 + step, heads))
+                qh, kh, vh, go = q[i, hs], k[i, hs], v[i, hs], grad_out[i, hs]
+                probs = torch.baddbmm(bias[0, hs], qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
+                torch.bmm(probs.transpose(-2, -1), go, out=grad_v[i, hs])
+                grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[i, hs]).mul_(probs)  # dL/dscores
+                grad_bias[0, hs] += grad_s
+                torch.bmm(grad_s, kh, out=grad_q[i, hs]).mul_(scale)
+                torch.bmm(grad_s.transpose(-2, -1), qh, out=grad_k[i, hs]).mul_(scale)
+        return grad_q, grad_k, grad_v, grad_bias, None
+
+
 class WindowAttention(nn.Module):
     """Window self-attention with relative position bias, plus optional mutual attention between frame pairs.
 
@@ -235,8 +276,8 @@ class WindowAttention(nn.Module):
         q, k, v: (B * nW, ..., h, n, hd); bias: (nW or 1, ..., h or 1, n, n) additive, or None.
         The window axis is folded into the head axis, so the problem is 4-D with a mask broadcast over the batch:
         ``F.scaled_dot_product_attention`` then takes its fused kernels (flash on CPU, memory-efficient on CUDA).
-        The CPU flash kernel cannot give the gradient of a trainable mask (the relative position bias), and its
-        math fallback is slower than plain matmul + softmax, which is used in that one case.
+        The CPU flash kernel cannot give the gradient of a trainable mask (the relative position bias) and its
+        math fallback stores the (B, heads, N, N) probabilities; :class:`_BiasedAttention` covers that case.
         """
         shape = q.shape
         n = shape[-2]
@@ -248,8 +289,7 @@ class WindowAttention(nn.Module):
             mask = bias.expand(num_windows, *shape[1:-1], n).reshape(1, -1, n, n).to(q.dtype)
         q, k, v = q.reshape(fold), k.reshape(fold), v.reshape(fold)
         if mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled():
-            attn = torch.matmul(q, k.transpose(-2, -1)).mul_(self.scale).add_(mask)
-            out = torch.matmul(attn.softmax(dim=-1), v)
+            out = _BiasedAttention.apply(q, k, v, mask, self.scale)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return out.view(shape)
