@@ -130,6 +130,20 @@ def _run(q: Tensor, kv_frames: Tensor, offset: Tensor, params: tuple, recompute:
     return out.to(out_dtype)
 
 
+def frame_conv(x: Tensor, conv: nn.Conv3d) -> Tensor:
+    """Apply a Conv3d whose temporal kernel size is 1 to every frame, as one 2-D convolution.
+
+    Args:
+        x: (B * T, C_in, H, W) frame-batched input.
+        conv: Conv3d with kernel (1, kh, kw) (the reference's parameter layout).
+
+    Returns:
+        (B * T, C_out, H', W').
+    """
+    return F.conv2d(x, conv.weight.squeeze(2), conv.bias, stride=conv.stride[1:], padding=conv.padding[1:],
+                    groups=conv.groups)
+
+
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ValueError(f'deform_attn: {message}')
@@ -332,10 +346,7 @@ class GuidedDeformAttnPack(nn.Module):
     def _offset_net(self, x: Tensor) -> Tensor:
         """The (1, k, k) Conv3d stack run as 2-D convolutions on all frames: (B*T, C_in, H, W) -> (B*T, C_out, H, W)."""
         for layer in self.conv_offset:
-            if isinstance(layer, nn.Conv3d):
-                x = F.conv2d(x, layer.weight.squeeze(2), layer.bias, padding=layer.padding[1:])
-            else:
-                x = layer(x)
+            x = frame_conv(x, layer) if isinstance(layer, nn.Conv3d) else layer(x)
         return x
 
     def forward(

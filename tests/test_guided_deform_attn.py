@@ -10,6 +10,15 @@ import torch
 from models.guided_deform_attn import DeformAttnPack, GuidedDeformAttnPack, deform_attn
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The CPU is shared by parallel jobs: one intra-op thread avoids oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _bilinear(img: torch.Tensor, h: float, w: float) -> torch.Tensor:
     """``dmcn_im2col_bilinear`` of the CUDA kernel for all channels of img (C, H, W), with its range test."""
     height, width = img.shape[1:]

@@ -1,0 +1,154 @@
+"""RVRT network tests.
+
+Fixtures in tests/fixtures/rvrt/ were made by running the reference ``network_rvrt.py`` (RVRT repository) in a
+scratch directory, with its CUDA ``deform_attn`` replaced by a gather-based CPU implementation of the kernel:
+``state_dict_shapes.json.gz`` holds ``{key: shape}`` of the KAIR option files 001-006, the released-model
+constructors and the defaults; ``golden_<case>.pt`` holds the output (every second pixel) and some parameter
+gradients of tiny configurations filled with ``deterministic_fill`` on a seeded input.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.network_rvrt import RVRT
+from tests.test_network_vrt import deterministic_fill
+
+FIXTURES = Path(__file__).parent / 'fixtures' / 'rvrt'
+TINY = dict(clip_size=2, window_size=(2, 4, 4), num_blocks=(1, 1, 1), depths=(2, 2, 2), embed_dims=(16, 16, 16),
+            num_heads=(2, 2, 2), inputconv_groups=(1, 2, 2, 4, 4, 2), deformable_groups=4, attention_heads=4)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _one_thread():
+    """The CPU is shared by parallel jobs: one intra-op thread is several times faster than oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _shape_table() -> dict:
+    with gzip.open(FIXTURES / 'state_dict_shapes.json.gz', 'rt') as fh:
+        return json.load(fh)
+
+
+@pytest.mark.parametrize('name', sorted(_shape_table()))
+def test_state_dict_keys_and_shapes_match_reference(name: str) -> None:
+    """KAIR options 001-006, released-model constructors and defaults: identical state_dict layout."""
+    entry = _shape_table()[name]
+    with torch.device('meta'):
+        net = RVRT(**entry['kwargs'])
+    sd = net.state_dict()
+    assert {k: list(v.shape) for k, v in sd.items()} == entry['shapes']
+    assert sorted(k for k, _ in net.named_buffers() if k in sd) == entry['buffers']
+    assert sum(p.numel() for p in net.parameters()) == entry['num_params']
+
+
+@pytest.mark.parametrize('case', ['sr', 'deblur', 'denoise'])
+def test_golden_matches_reference(case: str) -> None:
+    """Same weights and input as the reference run -> same output (1e-4) and parameter gradients."""
+    data = torch.load(FIXTURES / f'golden_{case}.pt', weights_only=True)
+    torch.manual_seed(0)
+    net = RVRT(**data['config'])
+    deterministic_fill(net, data['fill_seed'])
+    x = torch.rand(data['input_shape'], generator=torch.Generator().manual_seed(data['input_seed']))
+    out = net(x)
+    torch.testing.assert_close(out.detach()[..., ::2, ::2], data['output_sub'], atol=1e-4, rtol=1e-4)
+    assert abs(out.mean().item() - data['output_mean']) < 1e-5
+    assert abs(out.abs().mean().item() - data['output_abs_mean']) < 1e-5
+    loss = out.square().mean()
+    assert abs(loss.item() - data['loss']) < 1e-5
+    loss.backward()
+    params = dict(net.named_parameters())
+    assert len(data['grads']) >= 7
+    for name, grad in data['grads'].items():
+        scale = grad.abs().max().clamp_min(1e-12)
+        err = (params[name].grad - grad).abs().max() / scale
+        assert err < 2e-3, f'{case}: gradient of {name} differs by {err:.2e} (relative to max)'
+
+
+def _tiny(**kwargs) -> RVRT:
+    torch.manual_seed(0)
+    return RVRT(**{**TINY, **kwargs})
+
+
+@pytest.mark.parametrize(
+    'kwargs,shape,out_hw',
+    [
+        ({'upscale': 4}, (1, 4, 3, 36, 40), (144, 160)),
+        ({'upscale': 1}, (1, 4, 3, 132, 136), (132, 136)),
+        ({'upscale': 1, 'nonblind_denoising': True}, (1, 4, 4, 132, 132), (132, 132)),
+    ],
+)
+def test_shapes_and_backward(kwargs: dict, shape: tuple, out_hw: tuple) -> None:
+    net = _tiny(**kwargs)
+    out = net(torch.rand(shape))
+    assert out.shape == (shape[0], shape[1], 3, *out_hw)
+    out.mean().backward()
+    grads = {n: p.grad for n, p in net.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert grads['conv_last.weight'].abs().sum() > 0
+    assert grads['deform_align.forward_2.conv_offset.10.weight'].abs().sum() > 0
+
+
+def test_single_clip() -> None:
+    """Two frames: one clip, no alignment step; still a valid forward."""
+    with torch.no_grad():
+        assert _tiny(upscale=4)(torch.rand(2, 2, 3, 36, 36)).shape == (2, 2, 3, 144, 144)
+
+
+def test_mirror_flag_is_per_forward() -> None:
+    """A mirrored input does not change how a later, ordinary input is processed (reference bug)."""
+    net = _tiny(upscale=4).eval()
+    g = torch.Generator().manual_seed(3)
+    half = torch.rand(1, 2, 3, 36, 36, generator=g)
+    mirrored = torch.cat([half, half.flip(1)], dim=1)
+    plain = torch.rand(1, 4, 3, 36, 36, generator=g)
+    assert RVRT.is_mirror_extended(mirrored) and not RVRT.is_mirror_extended(plain)
+    with torch.no_grad():
+        expected = net(plain)
+        out_mirrored = net(mirrored)
+        after = net(plain)
+        # the mirrored shortcut (forward flows = flipped backward flows) equals computing both directions
+        forward, backward = net.compute_flow(mirrored, mirrored=False)
+        torch.testing.assert_close(forward, backward.flip(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after, expected, atol=0, rtol=0)
+    assert torch.isfinite(out_mirrored).all()
+
+
+def test_checkpointing_gives_same_gradients() -> None:
+    x = torch.rand(1, 4, 3, 36, 36, generator=torch.Generator().manual_seed(4))
+    grads = []
+    for ckpt in (False, True):
+        net = _tiny(upscale=4, use_checkpoint_attn=ckpt, use_checkpoint_ffn=ckpt, no_checkpoint_attn_blocks=(1,))
+        net(x).square().mean().backward()
+        grads.append({n: p.grad for n, p in net.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-4)
+
+
+def test_bad_input_and_config_errors() -> None:
+    net = _tiny(upscale=4)
+    with pytest.raises(ValueError, match='divisible by clip_size'):
+        net(torch.rand(1, 3, 3, 36, 36))
+    with pytest.raises(ValueError, match='larger than 32x32'):
+        net(torch.rand(1, 2, 3, 32, 36))
+    with pytest.raises(ValueError, match='3 input channels'):
+        net(torch.rand(1, 2, 4, 36, 36))
+    with pytest.raises(ValueError, match='multiples of 4 and larger than 128'):
+        _tiny(upscale=1)(torch.rand(1, 2, 3, 128, 132))
+    with pytest.raises(ValueError, match='upscale'):
+        RVRT(upscale=2)
+    with pytest.raises(ValueError, match='clip_size'):
+        RVRT(clip_size=3)
+
+
+def test_missing_spynet_file_is_an_error(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match='spynet'):
+        RVRT(**TINY, spynet_path=str(tmp_path / 'spynet.pth'))
