@@ -41,6 +41,17 @@ def deterministic_fill(model: nn.Module, seed: int = 0, gain: float = 0.5) -> No
 
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _one_thread():
+    """Many small kernels: one intra-op thread avoids OpenMP spin-wait stalls on a shared CI machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 GOLDEN = ['sr_pa2', 'sr_pa4', 'sr_pa6', 'deblur', 'denoise', 'vfi']
 TINY = {
     'depths': (2,) * 7 + (2, 1), 'embed_dims': (16,) * 7 + (24, 24), 'num_heads': (2,) * 9,
