@@ -1,0 +1,168 @@
+"""The released VRT and RVRT models: constructor settings, test-time settings and where their weights live.
+
+``TASKS`` maps the task names of the official test scripts (``main_test_vrt.py`` of VRT, ``main_test_rvrt.py`` of
+KAIR) to a :class:`TaskSpec`. Nothing here downloads: a missing weight file is one clear error naming the release
+URL to fetch it from.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = ["TASKS", "ModelZooError", "TaskSpec", "build_network"]
+
+VRT_RELEASE = "https://github.com/JingyunLiang/VRT/releases/download/v0.0"
+RVRT_RELEASE = "https://github.com/JingyunLiang/RVRT/releases/download/v0.0"
+
+
+class ModelZooError(FileNotFoundError):
+    """A released model or test set is not on disk (the message says where to get it)."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One released model and how the official script tests it.
+
+    Attributes:
+        name: the task name (also the weight file's stem).
+        net_type: ``'vrt'`` or ``'rvrt'``.
+        kwargs: constructor keyword arguments (use :meth:`net_kwargs` for a copy).
+        scale: upscaling factor.
+        window_size: attention window ``(T, H, W)``; padding goes to multiples of it.
+        tile: README-recommended ``(frames, height, width)`` tile (0 = no tiling along that axis).
+        tile_overlap: ``(frames, pixels, pixels)`` overlap of the tiles.
+        nonblind_denoising: the input carries a sigma map as a 4th channel.
+        vfi: frame interpolation (D input frames -> one output frame).
+        vimeo_mirror: Vimeo-90K SR test of RVRT: 7 frames mirrored to 14, output ``(out[3] + out[10]) / 2``.
+        default_sigma: noise level (0-255 scale) used when ``--sigma`` is not given.
+        test_sets: the test sets the official script downloads for this task.
+    """
+
+    name: str
+    net_type: str
+    kwargs: dict[str, Any]
+    scale: int
+    window_size: tuple[int, int, int]
+    tile: tuple[int, int, int]
+    tile_overlap: tuple[int, int, int] = (2, 20, 20)
+    nonblind_denoising: bool = False
+    vfi: bool = False
+    vimeo_mirror: bool = False
+    default_sigma: int = 0
+    test_sets: tuple[str, ...] = field(default_factory=tuple)
+
+    def net_kwargs(self) -> dict[str, Any]:
+        """A fresh copy of the constructor kwargs."""
+        return copy.deepcopy(self.kwargs)
+
+    @property
+    def url(self) -> str:
+        """Release URL of the weight file."""
+        return f"{VRT_RELEASE if self.net_type == 'vrt' else RVRT_RELEASE}/{self.name}.pth"
+
+    @property
+    def default_model_path(self) -> str:
+        """``model_zoo/{vrt,rvrt}/{task}.pth`` (the official scripts' location)."""
+        return os.path.join("model_zoo", self.net_type, f"{self.name}.pth")
+
+    def check_model_file(self, path: str) -> None:
+        """Raise :class:`ModelZooError` with the download URL when ``path`` does not exist."""
+        if not os.path.isfile(path):
+            raise ModelZooError(f"model file {path} not found. Download it first (no download at run time):\n"
+                                f"  mkdir -p {os.path.dirname(path) or '.'} && wget -O {path} {self.url}")
+
+
+# Constructor settings of the official test scripts.
+_SR_DEPTHS = [8] * 7 + [4] * 6
+_SR_DIMS = [120] * 7 + [180] * 6
+_DEBLUR_DEPTHS = [8] * 7 + [4] * 4
+_DEBLUR_DIMS = [96] * 7 + [120] * 4
+
+
+def _vrt_sr(img_frames: int, window: list[int], pa_frames: int, groups: int) -> dict[str, Any]:
+    return {"upscale": 4, "img_size": [img_frames, 64, 64], "window_size": window, "depths": _SR_DEPTHS,
+            "indep_reconsts": [11, 12], "embed_dims": _SR_DIMS, "num_heads": [6] * 13, "pa_frames": pa_frames,
+            "deformable_groups": groups}
+
+
+def _vrt_restore(**extra: Any) -> dict[str, Any]:
+    kwargs = {"upscale": 1, "img_size": [6, 192, 192], "window_size": [6, 8, 8], "depths": _DEBLUR_DEPTHS,
+              "indep_reconsts": [9, 10], "embed_dims": _DEBLUR_DIMS, "num_heads": [6] * 11, "pa_frames": 2,
+              "deformable_groups": 16}
+    kwargs.update(extra)
+    return kwargs
+
+
+def _rvrt(upscale: int, dims: int, groups: list[int], **extra: Any) -> dict[str, Any]:
+    kwargs = {"upscale": upscale, "clip_size": 2, "img_size": [2, 64, 64], "window_size": [2, 8, 8],
+              "num_blocks": [1, 2, 1], "depths": [2, 2, 2], "embed_dims": [dims] * 3, "num_heads": [6, 6, 6],
+              "inputconv_groups": groups, "deformable_groups": 12, "attention_heads": 12,
+              "attention_window": [3, 3], "cpu_cache_length": 100}
+    kwargs.update(extra)
+    return kwargs
+
+
+def _specs() -> list[TaskSpec]:
+    vfi_kwargs = _vrt_restore(out_chans=3, img_size=[4, 192, 192], window_size=[4, 8, 8], indep_reconsts=[],
+                              pa_frames=0)
+    del vfi_kwargs["deformable_groups"]
+    rvrt_sr = _rvrt(4, 144, [1, 1, 1, 1, 1, 1])
+    return [
+        TaskSpec("001_VRT_videosr_bi_REDS_6frames", "vrt", _vrt_sr(6, [6, 8, 8], 2, 12), 4, (6, 8, 8),
+                 (40, 128, 128), test_sets=("REDS4",)),
+        TaskSpec("002_VRT_videosr_bi_REDS_16frames", "vrt", _vrt_sr(16, [8, 8, 8], 6, 24), 4, (8, 8, 8),
+                 (40, 128, 128), test_sets=("REDS4",)),
+        TaskSpec("003_VRT_videosr_bi_Vimeo_7frames", "vrt", _vrt_sr(8, [8, 8, 8], 4, 16), 4, (8, 8, 8),
+                 (32, 128, 128), test_sets=("Vid4",)),
+        TaskSpec("004_VRT_videosr_bd_Vimeo_7frames", "vrt", _vrt_sr(8, [8, 8, 8], 4, 16), 4, (8, 8, 8),
+                 (32, 128, 128), test_sets=("Vid4",)),
+        TaskSpec("005_VRT_videodeblurring_DVD", "vrt", _vrt_restore(), 1, (6, 8, 8), (12, 256, 256),
+                 test_sets=("DVD10",)),
+        TaskSpec("006_VRT_videodeblurring_GoPro", "vrt", _vrt_restore(), 1, (6, 8, 8), (18, 192, 192),
+                 test_sets=("GoPro11-part1", "GoPro11-part2")),
+        TaskSpec("007_VRT_videodeblurring_REDS", "vrt", _vrt_restore(), 1, (6, 8, 8), (12, 256, 256),
+                 test_sets=("REDS4",)),
+        TaskSpec("008_VRT_videodenoising_DAVIS", "vrt", _vrt_restore(nonblind_denoising=True), 1, (6, 8, 8),
+                 (12, 256, 256), nonblind_denoising=True, default_sigma=50, test_sets=("Set8", "DAVIS-test")),
+        TaskSpec("009_VRT_videofi_Vimeo_4frames", "vrt", vfi_kwargs, 1, (4, 8, 8), (0, 0, 0), vfi=True,
+                 test_sets=("UCF101", "DAVIS-train")),
+        TaskSpec("001_RVRT_videosr_bi_REDS_30frames", "rvrt", rvrt_sr, 4, (2, 8, 8), (100, 128, 128),
+                 test_sets=("REDS4",)),
+        TaskSpec("002_RVRT_videosr_bi_Vimeo_14frames", "rvrt", rvrt_sr, 4, (2, 8, 8), (0, 0, 0),
+                 vimeo_mirror=True, test_sets=("Vid4",)),
+        TaskSpec("003_RVRT_videosr_bd_Vimeo_14frames", "rvrt", rvrt_sr, 4, (2, 8, 8), (0, 0, 0),
+                 vimeo_mirror=True, test_sets=("Vid4",)),
+        TaskSpec("004_RVRT_videodeblurring_DVD_16frames", "rvrt", _rvrt(1, 192, [1, 3, 3, 3, 3, 3]), 1,
+                 (2, 8, 8), (0, 256, 256), test_sets=("DVD10",)),
+        TaskSpec("005_RVRT_videodeblurring_GoPro_16frames", "rvrt", _rvrt(1, 192, [1, 3, 3, 3, 3, 3]), 1,
+                 (2, 8, 8), (0, 256, 256), test_sets=("GoPro11-part1", "GoPro11-part2")),
+        TaskSpec("006_RVRT_videodenoising_DAVIS_16frames", "rvrt",
+                 _rvrt(1, 192, [1, 3, 4, 6, 8, 4], nonblind_denoising=True), 1, (2, 8, 8), (0, 256, 256),
+                 nonblind_denoising=True, default_sigma=50, test_sets=("Set8", "DAVIS-test")),
+    ]
+
+
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in _specs()}
+
+
+def testset_url(name: str) -> str:
+    """Release URL of a test-set archive of the official VRT repository."""
+    return f"{VRT_RELEASE}/testset_{name}.tar.gz"
+
+
+def build_network(net_type: str, kwargs: dict[str, Any]) -> nn.Module:
+    """Build a VRT or RVRT through the ``models.select_network`` registry (direct import as a fallback)."""
+    from models import select_network
+
+    if net_type.lower() in select_network.NETWORKS:
+        return select_network.define_network(net_type, kwargs)
+    if net_type.lower() == "rvrt":
+        from models.network_rvrt import RVRT
+
+        return RVRT(**kwargs)
+    raise KeyError(f"net_type {net_type!r} is unknown; registered: {sorted(select_network.NETWORKS)}")

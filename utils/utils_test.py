@@ -1,0 +1,305 @@
+"""The logic of ``main_test_vrt.py``: build a released or trained model, restore test videos, score and save them.
+
+Flag-compatible with the official VRT ``main_test_vrt.py`` and KAIR's ``main_test_rvrt.py`` (``--task``,
+``--sigma``, ``--folder_lq``, ``--folder_gt``, ``--tile``, ``--tile_overlap``, ``--num_workers``,
+``--save_result``), plus ``--model_path``/``--opt`` for checkpoints of ours, ``--device``, ``--amp`` and
+``--save_video``. Metrics and log lines are the reference's (per-clip means, then the mean over clips).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import inspect
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos, write_video
+from models.model_zoo import TASKS, ModelZooError, build_network, testset_url
+from models.video_inference import infer_video
+from utils import utils_checkpoint
+from utils.utils_image import frame_metrics, imread_rgb, imwrite_rgb
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("psnr", "ssim", "psnr_y", "ssim_y")
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+VIMEO_META = os.path.join("data", "meta_info", "meta_info_Vimeo90K_test_GT.txt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface (the official flags first)."""
+    p = argparse.ArgumentParser(description="Test VRT/RVRT: released models (--task) or our checkpoints (--opt).")
+    p.add_argument("--task", type=str, default="001_VRT_videosr_bi_REDS_6frames",
+                   help=f"released model: {', '.join(TASKS)}")
+    p.add_argument("--sigma", type=int, default=None, help="noise level (0-255) for denoising (task default: 50)")
+    p.add_argument("--folder_lq", type=str, default="testsets/REDS4/sharp_bicubic",
+                   help="LQ frames (one sub-folder per clip), a video file or a folder of video files")
+    p.add_argument("--folder_gt", type=str, default=None, help="ground truth, laid out like --folder_lq")
+    p.add_argument("--tile", type=int, nargs="+", default=None,
+                   help="frames, height, width of a tile; 0 = no tiling (default: the task's README setting)")
+    p.add_argument("--tile_overlap", type=int, nargs="+", default=None, help="overlap of tiles (default 2 20 20)")
+    p.add_argument("--num_workers", type=int, default=16, help="data-loading workers")
+    p.add_argument("--save_result", action="store_true", help="write PNG frames to results/<task>/<clip>/")
+    p.add_argument("--model_path", type=str, default=None,
+                   help="weights file (default: model_zoo/{vrt,rvrt}/<task>.pth, or the newest checkpoint of --opt)")
+    p.add_argument("--opt", type=str, default=None, help="a KAIR-format option file: build the net from its netG")
+    p.add_argument("--device", type=str, default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument("--amp", choices=sorted(AMP_DTYPES), default="none", help="autocast dtype for inference")
+    p.add_argument("--save_video", action="store_true", help="also write each clip as <save_dir>/<clip>.mp4")
+    p.add_argument("--save_dir", type=str, default=None, help="output folder (default: results/<task>)")
+    return p
+
+
+@dataclass
+class TestSetup:
+    """A ready network and how to run it (from ``--task`` or from ``--opt``)."""
+
+    name: str
+    net: nn.Module
+    scale: int
+    window_size: tuple[int, int, int]
+    tile: tuple[int, int]
+    tile_overlap: tuple[int, int]
+    nonblind_denoising: bool
+    vfi: bool
+    vimeo_mirror: bool
+    sigma: int
+
+
+def _two(values: list[int] | None, default: tuple[int, ...], flag: str) -> tuple[int, int]:
+    values = list(default) if values is None else values
+    if len(values) < 2 or any(v < 0 for v in values):
+        raise ValueError(f"{flag} needs non-negative (frames, height[, width]) values, got {values}")
+    if len(values) > 2 and values[2] != values[1]:
+        logger.warning("%s: the width value %d is ignored (height and width share %d, as in the official script)",
+                       flag, values[2], values[1])
+    return int(values[0]), int(values[1])
+
+
+def _constructor_default(net: nn.Module, name: str) -> Any:
+    return inspect.signature(type(net).__init__).parameters[name].default
+
+
+def setup_model(args: argparse.Namespace) -> TestSetup:
+    """Build the network, load its weights and resolve the test settings.
+
+    Raises:
+        ModelZooError: the released weight file is missing (the message gives its URL).
+        utils_checkpoint.CheckpointError: a checkpoint that cannot be read or does not fit the network.
+    """
+    if args.opt:
+        from models.select_network import define_G
+        from utils import utils_option
+
+        opt = utils_option.parse(args.opt, is_train=False)
+        try:
+            net = define_G(opt)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{args.opt}: {exc}") from exc
+        net_opt, val = opt["netG"], opt.get("val", {}) or {}
+        name = str(opt.get("task", os.path.splitext(os.path.basename(args.opt))[0]))
+        path = args.model_path or _newest_checkpoint(opt)
+        window = tuple(net_opt.get("window_size") or _constructor_default(net, "window_size"))
+        default_tile = (int(val.get("num_frame_testing", 0)), int(val.get("size_patch_testing", 0)))
+        default_overlap = (int(val.get("num_frame_overlapping", 2)), int(val.get("overlap_size", 20)))
+        scale = int(opt.get("scale") or net_opt.get("upscale", 1))
+        nonblind = bool(net_opt.get("nonblind_denoising", False))
+        vfi = str(net_opt["net_type"]).lower() == "vrt" and net_opt.get("pa_frames", 2) == 0
+        mirror, sigma = False, 0
+    else:
+        if args.task not in TASKS:
+            raise ValueError(f"--task {args.task!r} is unknown; choose one of: {', '.join(TASKS)} "
+                             "(or give --opt for a model of your own)")
+        spec = TASKS[args.task]
+        path = args.model_path or spec.default_model_path
+        spec.check_model_file(path)
+        net = build_network(spec.net_type, spec.net_kwargs())
+        name, window, scale = spec.name, spec.window_size, spec.scale
+        default_tile, default_overlap = spec.tile, spec.tile_overlap
+        nonblind, vfi, mirror, sigma = spec.nonblind_denoising, spec.vfi, spec.vimeo_mirror, spec.default_sigma
+    logger.info("loading model from %s", path)
+    utils_checkpoint.load_network(net, path, param_key="params", strict=True)
+    return TestSetup(name=name, net=net.eval(), scale=scale, window_size=tuple(int(v) for v in window),
+                     tile=_two(args.tile, default_tile, "--tile"),
+                     tile_overlap=_two(args.tile_overlap, default_overlap, "--tile_overlap"),
+                     nonblind_denoising=nonblind, vfi=vfi, vimeo_mirror=mirror,
+                     sigma=int(args.sigma if args.sigma is not None else sigma))
+
+
+def _newest_checkpoint(opt: dict[str, Any]) -> str:
+    """The ``{step}_G.pth`` of the highest step in the experiment's ``models/`` folder."""
+    models_dir = opt["path"]["models"]
+    steps = [int(m.group(1)) for m in (re.fullmatch(r"(\d+)_G\.pth", f) for f in _listdir(models_dir)) if m]
+    if not steps:
+        raise utils_checkpoint.CheckpointError(f"no {{step}}_G.pth checkpoint in {models_dir}; pass --model_path")
+    return os.path.join(models_dir, f"{max(steps)}_G.pth")
+
+
+def _listdir(path: str) -> list[str]:
+    return os.listdir(path) if os.path.isdir(path) else []
+
+
+def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
+    """The official script's dataset choice, plus video files."""
+    lq, gt = args.folder_lq, args.folder_gt
+    if not os.path.exists(lq):
+        hint = ""
+        if not args.opt and args.task in TASKS:
+            hint = " Test sets of the official release: " + ", ".join(
+                testset_url(n) for n in TASKS[args.task].test_sets)
+        raise FileNotFoundError(f"--folder_lq {lq} does not exist (nothing is downloaded at run time).{hint}")
+    if is_video_file(lq) or (os.path.isdir(lq) and list_videos(lq)):
+        return VideoFileTestDataset({"dataroot_lq": lq, "dataroot_gt": gt, "sigma": setup.sigma})
+    try:
+        from data import dataset_video_test as dvt
+    except ImportError:  # the frame-folder datasets are not available: plain folders only
+        return _FrameFolders(lq, gt, setup.sigma)
+    common = {"dataroot_gt": gt, "dataroot_lq": lq, "sigma": setup.sigma, "num_frame": -1, "cache_data": False}
+    if "vimeo" in lq.lower():
+        vimeo = {"meta_info_file": VIMEO_META, "num_frame": 7, "cache_data": False, "dataroot_gt": gt}
+        if setup.vfi:
+            return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": gt, "pad_sequence": False,
+                                                 "temporal_scale": 2})
+        if setup.vimeo_mirror:
+            return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "mirror_sequence": True})
+        return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "pad_sequence": True, "temporal_scale": 1})
+    if setup.vfi:
+        for key, cls_name in (("davis", "VFI_DAVIS"), ("ucf101", "VFI_UCF101"), ("vid4", "VFI_Vid4")):
+            if key in lq.lower():
+                return getattr(dvt, cls_name)(data_root=gt)
+    if gt is not None:
+        return dvt.VideoRecurrentTestDataset(common)
+    return dvt.SingleVideoRecurrentTestDataset(common)
+
+
+class _FrameFolders(Dataset):
+    """Minimal stand-in for ``VideoRecurrentTestDataset``: one item per sub-folder of frames (sorted)."""
+
+    def __init__(self, lq_root: str, gt_root: str | None, sigma: int) -> None:
+        self.lq_root, self.gt_root, self.sigma = lq_root, gt_root, sigma / 255.0
+        self.folders = sorted(d for d in os.listdir(lq_root) if os.path.isdir(os.path.join(lq_root, d)))
+
+    def __len__(self) -> int:
+        return len(self.folders)
+
+    def _read(self, root: str, folder: str) -> tuple[torch.Tensor, list[str]]:
+        paths = sorted(glob.glob(os.path.join(glob.escape(os.path.join(root, folder)), "*.png")))
+        return torch.stack([torch.from_numpy(imread_rgb(p)).permute(2, 0, 1) for p in paths]), paths
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        folder = self.folders[index]
+        lq, lq_paths = self._read(self.lq_root, folder)
+        item: dict[str, Any] = {"folder": folder, "lq_path": lq_paths}
+        if self.gt_root is not None:
+            item["H"], item["gt_path"] = self._read(self.gt_root, folder)
+            if self.sigma:
+                noise = torch.normal(0.0, self.sigma, item["H"].shape, generator=torch.Generator().manual_seed(0))
+                lq = torch.cat([item["H"] + noise, torch.full_like(lq[:, :1], self.sigma)], dim=1)
+        item["L"] = lq
+        return item
+
+
+def _unbatch(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    return batch[0]
+
+
+def _frame_names(paths: Any, count: int) -> list[str]:
+    if isinstance(paths, (list, tuple)) and len(paths) >= count:
+        return [os.path.basename(str(p)).split(".")[0] for p in paths[:count]]
+    return [f"{i:08d}" for i in range(count)]
+
+
+def restore_clip(setup: TestSetup, item: dict[str, Any], device: torch.device,
+                 amp: torch.dtype | None, vimeo: bool) -> torch.Tensor:
+    """Restore one test item: ``(D', 3, H, W)`` float32 on the CPU (the frames the official script scores)."""
+    lq = item["L"][None]
+    if setup.nonblind_denoising and lq.shape[2] == 3:  # already-noisy input: add the sigma map
+        lq = torch.cat([lq, torch.full_like(lq[:, :, :1], setup.sigma / 255.0)], dim=2)
+    out = infer_video(setup.net, lq, scale=setup.scale, window_size=setup.window_size,
+                      num_frame_testing=setup.tile[0], num_frame_overlapping=setup.tile_overlap[0],
+                      size_patch_testing=setup.tile[1], overlap_size=setup.tile_overlap[1],
+                      nonblind_denoising=setup.nonblind_denoising, vfi=setup.vfi, device=device,
+                      autocast_dtype=amp)
+    if setup.vfi:
+        out = out[:, :1]
+    elif vimeo and setup.vimeo_mirror:
+        out = (out[:, 3:4] + out[:, 10:11]) / 2
+    elif vimeo:
+        out = out[:, 3:4]
+    return out[0]
+
+
+def run(args: argparse.Namespace) -> dict[str, float] | None:
+    """Test every clip; returns the average metrics (``None`` without ground truth)."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    amp = AMP_DTYPES[args.amp]
+    setup = setup_model(args)
+    setup.net.to(device)
+    test_set = build_test_set(args, setup)
+    if len(test_set) == 0:  # type: ignore[arg-type]
+        raise FileNotFoundError(f"no test clip found in {args.folder_lq}")
+    loader = DataLoader(test_set, batch_size=1, shuffle=False, num_workers=args.num_workers,
+                        collate_fn=_unbatch)
+    save_dir = args.save_dir or os.path.join("results", setup.name)
+    vimeo = "vimeo" in args.folder_lq.lower()
+    clip_means: list[dict[str, float]] = []
+    rows: list[list[Any]] = []
+    n = len(loader)
+    for idx, item in enumerate(tqdm(loader, desc="Testing", unit="clip")):
+        folder = str(item["folder"])
+        out = restore_clip(setup, item, device, amp, vimeo)
+        paths = item.get("gt_path") if (setup.vfi or vimeo) else item.get("lq_path")
+        names = _frame_names(paths if paths is not None else item.get("lq_path"), out.shape[0])
+        if args.save_result:
+            for name, frame in zip(names, out):
+                imwrite_rgb(os.path.join(save_dir, folder, f"{name}.png"), frame)
+        if args.save_video:
+            write_video(os.path.join(save_dir, f"{folder}.mp4"), out, float(item.get("fps", 25.0)))
+        gt = item.get("H")
+        if gt is None:
+            logger.info("Testing %-20s  (%2d/%d)", folder, idx, n)
+            continue
+        if gt.shape[0] < out.shape[0] or gt.shape[1:] != out.shape[1:]:
+            raise ValueError(f"clip {folder}: output {tuple(out.shape)} does not match the GT {tuple(gt.shape)}")
+        frames = [frame_metrics(o, g) for o, g in zip(out, gt)]
+        rows += [[folder, name] + [m[k] for k in METRICS] for name, m in zip(names, frames)]
+        mean = {k: sum(m[k] for m in frames) / len(frames) for k in METRICS}
+        clip_means.append(mean)
+        logger.info("Testing %-20s (%2d/%d) - PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f",
+                    folder, idx, n, mean["psnr"], mean["ssim"], mean["psnr_y"], mean["ssim_y"])
+    if not clip_means:
+        return None
+    average = {k: sum(c[k] for c in clip_means) / len(clip_means) for k in METRICS}
+    _write_csv(os.path.join(save_dir, "metrics.csv"), rows)
+    logger.info("\n%s \n-- Average PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f", save_dir,
+                average["psnr"], average["ssim"], average["psnr_y"], average["ssim_y"])
+    return average
+
+
+def _write_csv(path: str, rows: list[list[Any]]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["folder", "frame", *METRICS])
+        writer.writerows([r[:2] + [repr(float(v)) for v in r[2:]] for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run; returns the process exit code (2 for a missing model or input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except (ModelZooError, FileNotFoundError, utils_checkpoint.CheckpointError, ValueError) as exc:
+        logger.error("error: %s", exc)
+        return 2
+    return 0
