@@ -1,0 +1,92 @@
+"""RVRT speed/memory benchmark: forward time, train-step time and peak memory as JSON lines.
+
+Examples:
+    python benchmarks/bench_rvrt.py --preset tiny --iters 3 --threads 1
+    python benchmarks/bench_rvrt.py --preset 001 --device cuda --amp bf16 --frames 16
+    python benchmarks/bench_rvrt.py --preset small --compile        # torch.compile the deformable-attention core
+
+A train step is forward, Charbonnier loss, backward and an Adam step (``Runner`` of ``bench_vrt.py``); peak
+memory is the CUDA allocator peak, or on CPU the peak-RSS rise of a forked child running one train step.
+Presets 001-006 are the released models' constructor settings (KAIR ``main_test_rvrt.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.bench_vrt import Runner, _peak_memory_mb  # noqa: E402
+from models.network_rvrt import RVRT  # noqa: E402
+
+_RELEASED = {'clip_size': 2, 'window_size': (2, 8, 8), 'num_blocks': (1, 2, 1), 'depths': (2, 2, 2),
+             'num_heads': (6, 6, 6), 'deformable_groups': 12, 'attention_heads': 12, 'attention_window': (3, 3)}
+_SR = {**_RELEASED, 'upscale': 4, 'embed_dims': (144,) * 3, 'inputconv_groups': (1,) * 6}
+_DEBLUR = {**_RELEASED, 'upscale': 1, 'embed_dims': (192,) * 3, 'inputconv_groups': (1, 3, 3, 3, 3, 3)}
+PRESETS: dict[str, dict[str, Any]] = {
+    'tiny': {'upscale': 4, 'clip_size': 2, 'window_size': (2, 8, 8), 'num_blocks': (1, 1, 1), 'depths': (2, 2, 2),
+             'embed_dims': (24, 24, 24), 'num_heads': (3, 3, 3), 'deformable_groups': 4, 'attention_heads': 4},
+    'small': {'upscale': 4, 'clip_size': 2, 'window_size': (2, 8, 8), 'num_blocks': (1, 2, 1), 'depths': (2, 2, 2),
+              'embed_dims': (48, 48, 48), 'num_heads': (6, 6, 6), 'deformable_groups': 12, 'attention_heads': 12},
+    '001': _SR, '002': _SR, '003': _SR, '004': _DEBLUR, '005': _DEBLUR,
+    '006': {**_DEBLUR, 'inputconv_groups': (1, 3, 4, 6, 8, 4), 'nonblind_denoising': True},
+}
+# default (frames, H, W) of the LQ input per preset: x4 SR on 64x64; upscale 1 needs H, W > 128
+DEFAULT_INPUT = {name: ((4, 64, 64) if cfg['upscale'] == 4 else (4, 192, 192)) for name, cfg in PRESETS.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--amp', default='none', choices=('none', 'bf16', 'fp16'))
+    parser.add_argument('--compile', action='store_true', help='torch.compile the deformable-attention core')
+    parser.add_argument('--checkpoint', action='store_true', help='use_checkpoint_attn/ffn in the backbones')
+    parser.add_argument('--iters', type=int, default=3, help='timed iterations (after --warmup)')
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--frames', type=int, help='input frames (even)')
+    parser.add_argument('--size', type=int, nargs=2, metavar=('H', 'W'), help='LQ size')
+    parser.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
+    parser.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement')
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    kwargs = {**PRESETS[args.preset], 'spynet_path': None, 'deform_attn_compile': args.compile,
+              'use_checkpoint_attn': args.checkpoint, 'use_checkpoint_ffn': args.checkpoint}
+    d, h, w = DEFAULT_INPUT[args.preset]
+    d = args.frames or d
+    h, w = args.size or (h, w)
+    in_ch = 4 if kwargs.get('nonblind_denoising') else 3
+    scale = kwargs['upscale']
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(args.batch, d, in_ch, h, w, generator=gen).to(device)
+    y = torch.rand(args.batch, d, 3, h * scale, w * scale, generator=gen).to(device)
+    torch.manual_seed(0)
+    net = RVRT(**kwargs).to(device)
+    runner = Runner(net, x, y, args.amp)
+    for _ in range(args.warmup):
+        runner.forward()
+        runner.train_step()
+    fwd = sorted(runner.forward() for _ in range(args.iters))[args.iters // 2]
+    step = sorted(runner.train_step() for _ in range(args.iters))[args.iters // 2]
+    peak = float('nan') if args.no_memory else _peak_memory_mb(runner, 1)
+    print(json.dumps({'net': 'rvrt', 'preset': args.preset, 'device': str(device), 'amp': args.amp,
+                      'compile': args.compile, 'checkpoint': args.checkpoint, 'batch': args.batch, 'frames': d,
+                      'lq_size': [h, w], 'threads': torch.get_num_threads(), 'torch': torch.__version__,
+                      'params': sum(p.numel() for p in net.parameters()), 'forward_s': round(fwd, 4),
+                      'train_step_s': round(step, 4), 'peak_mem_mb': round(peak, 1),
+                      'train_samples_per_s': round(args.batch / step, 3)}), flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
