@@ -183,9 +183,14 @@ class ModelBase(abc.ABC):
                 self.update_E(0.0)
         opt_path = self._path(step, "optimizerG")
         if self.optimizer is not None and os.path.isfile(opt_path):
+            # hyper-parameters come from the option file (the user may have changed them); moments from the file
+            keep = ("initial_lr", "betas", "weight_decay", "eps")
+            fresh = [{k: g[k] for k in keep if k in g} for g in self.optimizer.param_groups]
             self.optimizer.load_state_dict(ckpt.safe_load(opt_path, map_location=self.device))
+            for group, values in zip(self.optimizer.param_groups, fresh):
+                group.update(values)
         state = ckpt.safe_load(self._path(step, "state"))
         if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.load_state_dict(state["scheduler"])
+            self.scheduler.set_step(int(state["scheduler"]["step"]))
         self.load_scaler_state(state.get("scaler"))
         return state

@@ -9,10 +9,12 @@ from typing import Any
 from torch import nn
 
 from models.network_baseline import VideoConvBaseline
+from models.network_rvrt import RVRT
 from models.network_vrt import VRT
 
 NETWORKS: dict[str, type[nn.Module]] = {
     "vrt": VRT,
+    "rvrt": RVRT,
     "videoconvbaseline": VideoConvBaseline,
 }
 

@@ -39,10 +39,11 @@ TINY_OPT: dict[str, Any] = {
 
 
 def write_opt(tmp_path, name: str = "opt.json", **sections: Any) -> str:
-    """Write a tiny option file; keyword arguments replace or update top-level sections (dicts are merged)."""
+    """Write a tiny option file; keyword arguments replace or update top-level sections (dicts are merged, except
+    ``netG``, which is replaced)."""
     opt = copy.deepcopy(TINY_OPT)
     for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(opt.get(key), dict):
+        if isinstance(value, dict) and isinstance(opt.get(key), dict) and key != "netG":
             _merge(opt[key], value)
         else:
             opt[key] = value

@@ -135,7 +135,5 @@ def test_non_finite_loss_keeps_last_checkpoint(experiment, capsys, monkeypatch):
 def test_saved_options_reload(experiment):
     tmp, _ = experiment
     folder = tmp / "experiments" / "tiny" / "options"
-    saved = [f for f in os.listdir(folder) if f.endswith(".json")]
-    assert saved
-    data = json.load(open(folder / saved[0]))
-    assert data["train"]["total_iter"] == 2
+    saved = [json.load(open(folder / f)) for f in os.listdir(folder) if f.endswith(".json")]
+    assert any(data["train"]["total_iter"] == 2 for data in saved)  # the successful run's resolved options

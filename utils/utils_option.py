@@ -345,7 +345,10 @@ def save(opt: dict[str, Any], argv: list[str] | None = None) -> str:
     """
     os.makedirs(opt["path"]["options"], exist_ok=True)
     base = os.path.splitext(os.path.basename(opt.get("opt_path") or "options.json"))[0]
-    dest = os.path.join(opt["path"]["options"], f"{base}_{time.strftime('%y%m%d_%H%M%S')}.json")
+    stem = os.path.join(opt["path"]["options"], f"{base}_{time.strftime('%y%m%d_%H%M%S')}")
+    dest, n = f"{stem}.json", 1
+    while os.path.exists(dest):  # never overwrite an earlier run's copy
+        dest, n = f"{stem}_{n}.json", n + 1
     payload = dict(opt, command_line=" ".join(argv if argv is not None else sys.argv))
     tmp = dest + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
