@@ -1,0 +1,332 @@
+"""Test / validation datasets: whole clips from frame folders (KAIR names and option keys).
+
+Items: ``{'L': (T, C, h, w), 'H': (T', 3, H, W), 'folder': str, 'lq_path': list[str], 'gt_path': list[str]}``,
+float32 RGB in [0, 1]; ``lq_path``/``gt_path`` are always lists of file paths (also with ``cache_data``). With
+``sigma`` (non-blind denoising) ``L`` is the noisy GT plus the sigma map as channel 4; the noise comes from a
+local generator seeded with ``noise_seed`` (default 0: the official script's ``torch.manual_seed(0)`` noise for
+every clip), so it is the same on any rank and worker and the global RNG is never touched.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import logging
+import os
+from typing import Any
+
+import torch
+import torchvision.transforms.functional as TF
+from torch.utils.data import Dataset
+
+from data.dataset_video_train import vimeo_neighbors
+from utils.utils_video import DataCheckError, check_problems, list_frames, read_img_seq
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "VFI_DAVIS",
+    "VFI_UCF101",
+    "VFI_Vid4",
+    "SingleVideoRecurrentTestDataset",
+    "VideoRecurrentTestDataset",
+    "VideoTestVimeo90KDataset",
+    "add_noise",
+]
+
+
+def add_noise(gt: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
+    """Non-blind denoising input: ``gt + N(0, sigma)`` (not clipped) with the sigma map appended.
+
+    Args:
+        gt: ``(T, 3, H, W)`` in [0, 1].
+        sigma: noise std on the [0, 1] scale.
+        seed: seed of the local generator (the global RNG is not used).
+
+    Returns:
+        ``(T, 4, H, W)``; channel 4 is ``sigma`` everywhere.
+    """
+    level = torch.full((1, 1, 1, 1), float(sigma))
+    noise = torch.normal(mean=0.0, std=level.expand_as(gt), generator=torch.Generator().manual_seed(seed))
+    t, _, h, w = gt.shape
+    return torch.cat([gt + noise, level.expand(t, 1, h, w)], dim=1)
+
+
+def sigma_map(lq: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Append a constant ``sigma`` channel to already-noisy ``(T, 3, H, W)`` frames -> ``(T, 4, H, W)``."""
+    return torch.cat([lq, torch.full_like(lq[:, :1], float(sigma))], dim=1)
+
+
+def _subfolders(root: str, opt: dict[str, Any]) -> list[str]:
+    if not root or not os.path.isdir(root):
+        raise DataCheckError(f"test data folder {root!r} does not exist")
+    if opt.get("meta_info_file"):
+        return _meta_names(opt)
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(root), "*")) if os.path.isdir(p))
+
+
+def _meta_names(opt: dict[str, Any]) -> list[str]:
+    path = opt["meta_info_file"]
+    try:
+        with open(path) as f:
+            names = [ln.split()[0] for ln in f if ln.strip()]
+    except OSError as err:
+        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}") from err
+    if not names:
+        raise DataCheckError(f"meta_info_file {path} lists no clip")
+    return names
+
+
+def _first_decodes(clips: dict[str, list[str]], what: str) -> None:
+    problems = []
+    for paths in clips.values():
+        try:
+            read_img_seq(paths[:1])
+        except DataCheckError as err:
+            problems.append(str(err))
+    check_problems(problems, what)
+
+
+class SingleVideoRecurrentTestDataset(Dataset):
+    """LQ-only clips: ``<dataroot_lq>/<clip>/<frames>`` (sorted image files), one item per clip.
+
+    With a non-zero ``sigma`` the frames are taken as already noisy and the sigma map is appended (so the
+    non-blind denoisers can run without GT, which KAIR cannot do).
+
+    Args:
+        opt: ``dataroot_lq``; optional ``meta_info_file`` (clip names, first field), ``cache_data``, ``sigma``
+            ([0, 255] scale).
+
+    Item: ``{'L': (T, C, h, w), 'folder': str, 'lq_path': list[str]}``.
+    """
+
+    def __init__(self, opt: dict[str, Any]) -> None:
+        super().__init__()
+        self.opt = opt = copy.deepcopy(dict(opt))
+        self.cache_data = bool(opt.get("cache_data", False))
+        self.sigma = float(opt.get("sigma") or 0) / 255.0
+        self.lq_root = opt.get("dataroot_lq")
+        self.lq_paths = self._frames(self.lq_root)
+        self.folders = list(self.lq_paths)
+        self.cache: dict[str, torch.Tensor] = {}
+        if self.cache_data:
+            self.cache = {f: read_img_seq(p) for f, p in self.lq_paths.items()}
+
+    def _frames(self, root: str) -> dict[str, list[str]]:
+        name = type(self).__name__
+        clips = {c: list_frames(os.path.join(root, c)) if os.path.isdir(os.path.join(root, c)) else []
+                 for c in _subfolders(root, self.opt)}
+        check_problems([os.path.join(root, c) for c, p in clips.items() if not p],
+                       f"{name}: clip folders missing or without images")
+        if not clips:
+            raise DataCheckError(f"{name}: no clip folder in {root}")
+        _first_decodes(clips, f"{name}: unreadable frames")
+        return clips
+
+    def __len__(self) -> int:
+        return len(self.folders)
+
+    def _lq(self, folder: str) -> torch.Tensor:
+        return self.cache[folder] if self.cache_data else read_img_seq(self.lq_paths[folder])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        folder = self.folders[index]
+        lq = self._lq(folder)
+        if self.sigma:
+            lq = sigma_map(lq, self.sigma)
+        return {"L": lq, "folder": folder, "lq_path": list(self.lq_paths[folder])}
+
+
+class VideoRecurrentTestDataset(SingleVideoRecurrentTestDataset):
+    """Paired clips ``<dataroot_lq>/<clip>/*`` and ``<dataroot_gt>/<clip>/*`` (REDS4, Vid4, DVD10, GoPro11, Set8...).
+
+    LQ and GT clips are matched by name and must have the same frame count. With a non-zero ``sigma`` the LQ
+    folder is ignored and ``L`` is synthesised from GT (:func:`add_noise`, seed ``noise_seed`` (0), plus the clip
+    index when ``noise_seed_per_clip`` is true).
+
+    Args:
+        opt: ``dataroot_gt``, ``dataroot_lq`` (ignored with ``sigma``); optional ``meta_info_file``,
+            ``cache_data``, ``sigma``, ``noise_seed``, ``noise_seed_per_clip``.
+
+    Item: ``{'L': (T, C, h, w), 'H': (T, 3, H, W), 'folder', 'lq_path', 'gt_path'}``.
+    """
+
+    def __init__(self, opt: dict[str, Any]) -> None:
+        Dataset.__init__(self)
+        self.opt = opt = copy.deepcopy(dict(opt))
+        name = type(self).__name__
+        self.cache_data = bool(opt.get("cache_data", False))
+        self.sigma = float(opt.get("sigma") or 0) / 255.0
+        self.noise_seed = int(opt.get("noise_seed", 0))
+        self.noise_seed_per_clip = bool(opt.get("noise_seed_per_clip", False))
+        self.gt_root, self.lq_root = opt.get("dataroot_gt"), opt.get("dataroot_lq")
+        self.gt_paths = self._frames(self.gt_root)
+        self.folders = list(self.gt_paths)
+        if self.sigma:
+            self.lq_paths = self.gt_paths
+        else:
+            lq = self._frames(self.lq_root)
+            problems = [f"{c}: not in {self.lq_root}" for c in self.folders if c not in lq]
+            problems += [f"{c}: {len(lq[c])} LQ frames, {len(p)} GT frames" for c, p in self.gt_paths.items()
+                         if c in lq and len(lq[c]) != len(p)]
+            check_problems(problems, f"{name}: LQ/GT clips differ ({self.lq_root} vs {self.gt_root})")
+            self.lq_paths = lq
+        self.cache: dict[str, torch.Tensor] = {}
+        self.gt_cache: dict[str, torch.Tensor] = {}
+        if self.cache_data:
+            self.gt_cache = {f: read_img_seq(self.gt_paths[f]) for f in self.folders}
+            if not self.sigma:
+                self.cache = {f: read_img_seq(self.lq_paths[f]) for f in self.folders}
+        logger.info("%s: %d clips from %s", name, len(self.folders), self.gt_root)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        folder = self.folders[index]
+        gt = self.gt_cache[folder] if self.cache_data else read_img_seq(self.gt_paths[folder])
+        if self.sigma:
+            seed = self.noise_seed + (index if self.noise_seed_per_clip else 0)
+            lq = add_noise(gt, self.sigma, seed)
+        else:
+            lq = self._lq(folder)
+        return {"L": lq, "H": gt, "folder": folder, "lq_path": list(self.lq_paths[folder]),
+                "gt_path": list(self.gt_paths[folder])}
+
+
+class VideoTestVimeo90KDataset(Dataset):
+    """Vimeo-90K-T septuplets: LQ frames of ``vimeo_neighbors(num_frame, temporal_scale)``, GT ``im4``.
+
+    ``pad_sequence`` repeats the last LQ frame; ``mirror_sequence`` appends the reversed clip.
+
+    Args:
+        opt: ``dataroot_gt``, ``dataroot_lq``, ``meta_info_file``, ``num_frame`` (-1 = 7), optional
+            ``temporal_scale``, ``pad_sequence``, ``mirror_sequence``, ``cache_data``.
+
+    Item: ``{'L': (T, 3, h, w), 'H': (1, 3, H, W), 'folder': 'clip/seq', 'idx': 'k/N', 'border': 0,
+    'lq_path': list[str], 'gt_path': [str]}``.
+    """
+
+    def __init__(self, opt: dict[str, Any]) -> None:
+        super().__init__()
+        self.opt = opt = copy.deepcopy(dict(opt))
+        frames = vimeo_neighbors(int(opt.get("num_frame", -1)), int(opt.get("temporal_scale", 1)))
+        self.pad_sequence, self.mirror_sequence = bool(opt.get("pad_sequence")), bool(opt.get("mirror_sequence"))
+        self.folders = _meta_names(opt)
+        gt_root, lq_root = opt["dataroot_gt"], opt["dataroot_lq"]
+        self.gt_paths = [os.path.join(gt_root, f, "im4.png") for f in self.folders]
+        self.lq_paths = [[os.path.join(lq_root, f, f"im{n}.png") for n in frames] for f in self.folders]
+        every = [p for ps in self.lq_paths for p in ps] + self.gt_paths
+        check_problems([p for p in every if not os.path.isfile(p)], f"{type(self).__name__}: missing frames")
+        _first_decodes({"lq": self.lq_paths[0][:1], "gt": self.gt_paths[:1]}, f"{type(self).__name__}: unreadable")
+        self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if opt.get("cache_data"):
+            self.cache = [(read_img_seq(lq), read_img_seq([gt])) for lq, gt in zip(self.lq_paths, self.gt_paths)]
+
+    def __len__(self) -> int:
+        return len(self.folders)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if self.cache:
+            lq, gt = self.cache[index]
+        else:
+            lq, gt = read_img_seq(self.lq_paths[index]), read_img_seq([self.gt_paths[index]])
+        if self.pad_sequence:
+            lq = torch.cat([lq, lq[-1:]])
+        if self.mirror_sequence:
+            lq = torch.cat([lq, lq.flip(0)])
+        return {"L": lq, "H": gt, "folder": self.folders[index], "idx": f"{index}/{len(self)}", "border": 0,
+                "lq_path": list(self.lq_paths[index]), "gt_path": [self.gt_paths[index]]}
+
+
+def _vfi_root(opt: dict[str, Any] | str | None, data_root: str | None) -> str:
+    if isinstance(opt, str):
+        data_root = opt
+    elif isinstance(opt, dict):
+        data_root = opt.get("dataroot_gt") or opt.get("data_root") or opt.get("dataroot_lq") or data_root
+    if not data_root or not os.path.isdir(data_root):
+        raise DataCheckError(f"VFI test data folder {data_root!r} does not exist (set dataroot_gt)")
+    return data_root
+
+
+class _VFIBase(Dataset):
+    """Quadruplet -> middle frame test sets. ``sets``: ``(folder, [in0, in1, in2, in3], gt)`` per item."""
+
+    crop: tuple[int, int] | None = None
+
+    def __init__(self, sets: list[tuple[str, list[str], str]]) -> None:
+        super().__init__()
+        self.sets = sets
+        if not sets:
+            raise DataCheckError(f"{type(self).__name__}: no frame quadruplet found")
+        missing = [p for _, ins, gt in sets for p in [*ins, gt] if not os.path.isfile(p)]
+        check_problems(missing, f"{type(self).__name__}: missing frames")
+        _first_decodes({"first": sets[0][1][:1]}, f"{type(self).__name__}: unreadable")
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        folder, inputs, gt = self.sets[index]
+        frames = read_img_seq([*inputs, gt])
+        if self.crop is not None:
+            frames = TF.center_crop(frames, list(self.crop))
+        return {"L": frames[:4], "H": frames[4:], "folder": folder, "lq_path": list(inputs), "gt_path": [gt]}
+
+
+def _clip_dirs(root: str) -> list[str]:
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+
+
+class VFI_DAVIS(_VFIBase):
+    """DAVIS VFI test: per clip, windows of 7 frames at stride 2; inputs s, s+2, s+4, s+6, target s+3;
+    ``CenterCrop(480, 840)``. Built from an option dict (``dataroot_gt``) or ``data_root=``.
+
+    Item: ``{'L': (4, 3, 480, 840), 'H': (1, 3, 480, 840), 'folder': str(index), 'lq_path', 'gt_path'}``.
+    """
+
+    crop = (480, 840)
+
+    def __init__(self, opt: dict[str, Any] | str | None = None, data_root: str | None = None) -> None:
+        root = _vfi_root(opt, data_root)
+        sets = []
+        for clip in _clip_dirs(root):
+            paths = list_frames(os.path.join(root, clip))
+            for s in range(0, len(paths) - 6, 2):
+                sets.append((str(len(sets)), paths[s:s + 7:2], paths[s + 3]))
+        super().__init__(sets)
+
+
+class VFI_UCF101(_VFIBase):
+    """UCF101 VFI test: ``<root>/<item>/frame0..3.png`` -> ``framet.png``, ``CenterCrop(224)``.
+
+    Item: ``{'L': (4, 3, 224, 224), 'H': (1, 3, 224, 224), 'folder': item name, 'lq_path', 'gt_path'}``.
+    """
+
+    crop = (224, 224)
+
+    def __init__(self, opt: dict[str, Any] | str | None = None, data_root: str | None = None) -> None:
+        root = _vfi_root(opt, data_root)
+        sets = [(d, [os.path.join(root, d, f"frame{i}.png") for i in range(4)], os.path.join(root, d, "framet.png"))
+                for d in _clip_dirs(root)]
+        super().__init__(sets)
+
+
+class VFI_Vid4(_VFIBase):
+    """Vid4 VFI test: every odd frame of each clip is interpolated from frames -3, -1, +1, +3 (boundary frames
+    repeated), as in the official script. No crop.
+
+    Item: ``{'L': (4, 3, H, W), 'H': (1, 3, H, W), 'folder': clip, 'lq_path', 'gt_path'}``.
+    """
+
+    def __init__(self, opt: dict[str, Any] | str | None = None, data_root: str | None = None) -> None:
+        root = _vfi_root(opt, data_root)
+        sets = []
+        for clip in _clip_dirs(root):
+            paths: list[str | None] = list(list_frames(os.path.join(root, clip)))
+            if not paths:
+                continue
+            if len(paths) % 2 == 0:
+                paths.append(paths[-1])
+            paths = [paths[0], None, *paths, None, paths[-1]]
+            for s in range(0, len(paths) - 6, 2):
+                inputs = paths[s:s + 7:2]
+                sets.append((clip, [str(p) for p in inputs], str(paths[s + 3])))
+        super().__init__(sets)
