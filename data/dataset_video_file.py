@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from data.dataset_video_test import add_noise
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["VIDEO_EXTENSIONS", "VideoFileTestDataset", "is_video_file", "read_video", "write_video"]
@@ -123,9 +125,7 @@ class VideoFileTestDataset(Dataset):
                 raise ValueError(f"{lq_file} has {lq.shape[0]} frames but {gt_file} has {gt.shape[0]}")
             item["H"] = gt
             if self.sigma:
-                gen = torch.Generator().manual_seed(0)
-                noisy = gt + torch.normal(0.0, self.sigma, gt.shape, generator=gen)
-                lq = torch.cat([noisy, torch.full_like(gt[:, :1], self.sigma)], dim=1)
+                lq = add_noise(gt, self.sigma, seed=0)
         item["L"] = lq
         names = [f"{i:08d}" for i in range(lq.shape[0])]
         item["lq_path"] = [os.path.join(stem, n) for n in names]

@@ -208,3 +208,15 @@ def test_task_spec_missing_file_message(tmp_path) -> None:
     assert spec.default_model_path == os.path.join("model_zoo", "rvrt", "004_RVRT_videodeblurring_DVD_16frames.pth")
     with pytest.raises(FileNotFoundError, match="RVRT/releases/download/v0.0/004_RVRT"):
         spec.check_model_file(str(tmp_path / "x.pth"))
+
+
+def test_video_dataset_synthesises_noise_only_for_denoising(workspace) -> None:
+    tmp = workspace["tmp"]
+    args = utils_test.build_parser().parse_args(["--folder_lq", str(tmp / "videos_gt"), "--folder_gt",
+                                                 str(tmp / "videos_gt"), "--sigma", "20"])
+    noisy = utils_test.build_test_set(args, _setup(None, nonblind_denoising=True, sigma=20))[0]
+    assert noisy["L"].shape[1] == 4 and noisy["folder"] == "walk"
+    torch.testing.assert_close(noisy["L"][:, 3], torch.full_like(noisy["L"][:, 3], 20 / 255))
+    assert 0.05 < float((noisy["L"][:, :3] - noisy["H"]).std()) < 0.11
+    plain = utils_test.build_test_set(args, _setup(None, sigma=20))[0]
+    torch.testing.assert_close(plain["L"], plain["H"])

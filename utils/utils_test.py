@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import inspect
 import logging
 import os
@@ -23,17 +22,19 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from data import dataset_video_test as dvt
 from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos, write_video
 from models.model_zoo import TASKS, ModelZooError, build_network, testset_url
 from models.video_inference import infer_video
 from utils import utils_checkpoint
-from utils.utils_image import frame_metrics, imread_rgb, imwrite_rgb
+from utils.utils_image import frame_metrics, imwrite_rgb
 
 logger = logging.getLogger(__name__)
 
 METRICS = ("psnr", "ssim", "psnr_y", "ssim_y")
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-VIMEO_META = os.path.join("data", "meta_info", "meta_info_Vimeo90K_test_GT.txt")
+VIMEO_META = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "meta_info",
+                          "meta_info_Vimeo90K_test_GT.txt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,13 +159,10 @@ def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
             hint = " Test sets of the official release: " + ", ".join(
                 testset_url(n) for n in TASKS[args.task].test_sets)
         raise FileNotFoundError(f"--folder_lq {lq} does not exist (nothing is downloaded at run time).{hint}")
+    sigma = setup.sigma if setup.nonblind_denoising else 0  # noise is only synthesised for denoising models
     if is_video_file(lq) or (os.path.isdir(lq) and list_videos(lq)):
-        return VideoFileTestDataset({"dataroot_lq": lq, "dataroot_gt": gt, "sigma": setup.sigma})
-    try:
-        from data import dataset_video_test as dvt
-    except ImportError:  # the frame-folder datasets are not available: plain folders only
-        return _FrameFolders(lq, gt, setup.sigma)
-    common = {"dataroot_gt": gt, "dataroot_lq": lq, "sigma": setup.sigma, "num_frame": -1, "cache_data": False}
+        return VideoFileTestDataset({"dataroot_lq": lq, "dataroot_gt": gt, "sigma": sigma})
+    common = {"dataroot_gt": gt, "dataroot_lq": lq, "sigma": sigma, "num_frame": -1, "cache_data": False}
     if "vimeo" in lq.lower():
         vimeo = {"meta_info_file": VIMEO_META, "num_frame": 7, "cache_data": False, "dataroot_gt": gt}
         if setup.vfi:
@@ -182,33 +180,6 @@ def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
     return dvt.SingleVideoRecurrentTestDataset(common)
 
 
-class _FrameFolders(Dataset):
-    """Minimal stand-in for ``VideoRecurrentTestDataset``: one item per sub-folder of frames (sorted)."""
-
-    def __init__(self, lq_root: str, gt_root: str | None, sigma: int) -> None:
-        self.lq_root, self.gt_root, self.sigma = lq_root, gt_root, sigma / 255.0
-        self.folders = sorted(d for d in os.listdir(lq_root) if os.path.isdir(os.path.join(lq_root, d)))
-
-    def __len__(self) -> int:
-        return len(self.folders)
-
-    def _read(self, root: str, folder: str) -> tuple[torch.Tensor, list[str]]:
-        paths = sorted(glob.glob(os.path.join(glob.escape(os.path.join(root, folder)), "*.png")))
-        return torch.stack([torch.from_numpy(imread_rgb(p)).permute(2, 0, 1) for p in paths]), paths
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        folder = self.folders[index]
-        lq, lq_paths = self._read(self.lq_root, folder)
-        item: dict[str, Any] = {"folder": folder, "lq_path": lq_paths}
-        if self.gt_root is not None:
-            item["H"], item["gt_path"] = self._read(self.gt_root, folder)
-            if self.sigma:
-                noise = torch.normal(0.0, self.sigma, item["H"].shape, generator=torch.Generator().manual_seed(0))
-                lq = torch.cat([item["H"] + noise, torch.full_like(lq[:, :1], self.sigma)], dim=1)
-        item["L"] = lq
-        return item
-
-
 def _unbatch(batch: list[dict[str, Any]]) -> dict[str, Any]:
     return batch[0]
 
@@ -222,9 +193,10 @@ def _frame_names(paths: Any, count: int) -> list[str]:
 def restore_clip(setup: TestSetup, item: dict[str, Any], device: torch.device,
                  amp: torch.dtype | None, vimeo: bool) -> torch.Tensor:
     """Restore one test item: ``(D', 3, H, W)`` float32 on the CPU (the frames the official script scores)."""
-    lq = item["L"][None]
-    if setup.nonblind_denoising and lq.shape[2] == 3:  # already-noisy input: add the sigma map
-        lq = torch.cat([lq, torch.full_like(lq[:, :, :1], setup.sigma / 255.0)], dim=2)
+    lq = item["L"]
+    if setup.nonblind_denoising and lq.shape[1] == 3:  # already-noisy input: add the sigma map
+        lq = dvt.sigma_map(lq, setup.sigma / 255.0)
+    lq = lq[None]
     out = infer_video(setup.net, lq, scale=setup.scale, window_size=setup.window_size,
                       num_frame_testing=setup.tile[0], num_frame_overlapping=setup.tile_overlap[0],
                       size_patch_testing=setup.tile[1], overlap_size=setup.tile_overlap[1],
