@@ -179,3 +179,32 @@ def test_scripts_run_from_repo_root():
         res = subprocess.run([sys.executable, os.path.join("scripts", "data_preparation", script), "--help"],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "usage" in res.stdout, res.stderr
+
+
+RECIPES = ([f"options/vrt/{n}" for n in sorted(os.listdir(os.path.join(ROOT, "options", "vrt"))) if n[:3] != "000"]
+           + [f"options/rvrt/{n}" for n in sorted(os.listdir(os.path.join(ROOT, "options", "rvrt")))])
+
+
+def test_recipe_option_files():
+    import inspect
+
+    from data.select_dataset import DATASETS
+    from models.select_network import NETWORKS, network_kwargs
+    from utils import utils_option
+
+    assert len(RECIPES) == 15
+    for rel in RECIPES:
+        opt = utils_option.parse(os.path.join(ROOT, rel))
+        assert opt["task"] == os.path.basename(rel)[:-5]
+        net = opt["netG"]
+        inspect.signature(NETWORKS[net["net_type"]]).bind(**network_kwargs(net))  # every netG key is accepted
+        train = opt["datasets"]["train"]
+        assert train["dataset_type"].lower() in DATASETS and opt["datasets"]["test"]["dataset_type"].lower() in DATASETS
+        if "REDS" in train["dataroot_gt"]:
+            assert train["val_partition"] == "REDS4"  # REDS4 is the test set of every REDS recipe
+        if "vimeo" in train["dataroot_gt"]:
+            assert train["dataroot_gt"].endswith("vimeo90k_train_GT_all.lmdb") and train["num_frame"] == 7
+    v07 = utils_option.parse(os.path.join(ROOT, "options/vrt/007_train_vrt_videodeblurring_reds.json"))
+    assert v07["datasets"]["train"]["dataroot_lq"] == "trainsets/REDS/train_blur_with_val.lmdb"
+    v02 = utils_option.parse(os.path.join(ROOT, "options/vrt/002_train_vrt_videosr_bi_reds_16frames.json"))
+    assert v02["datasets"]["train"]["num_frame"] == v02["netG"]["img_size"][0] == 16
