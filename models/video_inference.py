@@ -168,7 +168,10 @@ def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, wind
                 overlap_size: int = 20, nonblind_denoising: bool = False, vfi: bool = False, pad_seq: bool = False,
                 flip_seq: bool = False, center_frame_only: bool = False, device: torch.device | None = None,
                 autocast_dtype: torch.dtype | None = None) -> Tensor:
-    """Restore a whole video with temporal/spatial tiling (runs under ``torch.inference_mode``).
+    """Restore a whole video with temporal/spatial tiling.
+
+    Runs under ``torch.no_grad`` (the caller may add ``torch.inference_mode``; without it the result is an
+    ordinary tensor that can be modified in place).
 
     Args:
         net: the network, ``(b, d, C, h', w') -> (b, d, 3, h'*scale, w'*scale)`` (VFI: ``(b, 1, 3, h', w')``),
@@ -208,7 +211,7 @@ def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, wind
     run = _Runner(net, device if device is not None else lq.device, autocast_dtype, window_size)
     nft = 0 if vfi else int(num_frame_testing)
     args = (scale, nft, int(num_frame_overlapping), int(size_patch_testing), int(overlap_size), vfi)
-    with torch.inference_mode():
+    with torch.no_grad():
         n = lq.shape[1]
         if pad_seq:
             lq = torch.cat([lq, lq[:, -1:]], dim=1)
