@@ -21,6 +21,7 @@ from utils import utils_checkpoint as ckpt
 from utils import utils_dist
 from utils.utils_dataloader import build_train_loader, next_batch
 from utils.utils_dist import DistInfo
+from utils.utils_download import ensure_spynet
 from utils.utils_logger import TensorBoardWriter
 from utils.utils_validation import validate
 
@@ -102,6 +103,25 @@ def input_baseline(lq: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return frames.clamp(0, 1)[None]
 
 
+def fetch_weights(opt: dict[str, Any]) -> None:
+    """Rank 0 fetches the official SpyNet weights when ``netG.spynet_path`` names a missing file (SHA-256-verified,
+    atomic), then every rank goes on; the networks themselves never download.
+
+    Raises:
+        ConfigError: the file is missing and could not be downloaded (e.g. offline), on every rank.
+    """
+    path = opt["netG"].get("spynet_path")
+    error = None
+    if path and not os.path.isfile(path) and utils_dist.get_rank() == 0:
+        try:
+            ensure_spynet(path)
+        except (RuntimeError, ValueError, OSError) as exc:
+            error = str(exc)
+    error = utils_dist.broadcast_object(error)
+    if error:
+        raise ConfigError(f"netG.spynet_path = {path!r} is missing and could not be fetched: {error}")
+
+
 def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
     try:
         datasets = opt["datasets"]
@@ -147,6 +167,7 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
     start_step = _resume_step(opt)
     seed = agree_seed(t_opt)
     seed_everything(seed)  # the same initial weights on every rank and in every run with this seed
+    fetch_weights(opt)
     train_set, test_set, model = _build(opt, dist_info)
     model.init_train()
     train_state: dict[str, Any] = {}
