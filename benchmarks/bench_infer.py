@@ -106,9 +106,9 @@ def main() -> None:
     p.add_argument("--task", default="tiny", help=f"'tiny' or a released task: {', '.join(TASKS)}")
     p.add_argument("--device", default="cpu")
     p.add_argument("--amp", nargs="+", default=["none"], choices=sorted(AMP))
-    p.add_argument("--frames", type=int, default=12)
+    p.add_argument("--frames", type=int, default=6)
     p.add_argument("--size", type=int, nargs=2, default=[96, 96], help="LQ height width")
-    p.add_argument("--tile", type=int, nargs=2, default=[6, 64], help="frames, pixels (0 = no tiling)")
+    p.add_argument("--tile", type=int, nargs=2, default=[4, 64], help="frames, pixels (0 = no tiling)")
     p.add_argument("--tile_overlap", type=int, nargs=2, default=[2, 16])
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--reference-dir", dest="reference_dir", default=None,
@@ -121,9 +121,10 @@ def main() -> None:
             queue = ctx.Queue()
             proc = ctx.Process(target=_measure, args=(kind, args, amp, queue))
             proc.start()
-            result = queue.get()
             proc.join()
-            print(json.dumps(result), flush=True)  # noqa: T201
+            if proc.exitcode != 0 or queue.empty():
+                raise SystemExit(f"the {kind} measurement failed (exit code {proc.exitcode}); see the error above")
+            print(json.dumps(queue.get()), flush=True)  # noqa: T201
 
 
 if __name__ == "__main__":
