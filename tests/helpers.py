@@ -85,7 +85,10 @@ def torchrun(nproc: int, args: list[str], env: dict[str, str], cwd: str, extra: 
              timeout: float = 240) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            *(extra or []), DIST_ENTRY, *args]
-    return run(cmd, env, cwd, timeout)
+    proc = run(cmd, env, cwd, timeout)
+    if proc.returncode != 0 and "timed out connecting" in proc.stderr and "Resuming" not in proc.stdout:
+        proc = run(cmd, env, cwd, timeout)  # a gloo rendezvous flake on a loaded machine: launch once more
+    return proc
 
 
 def single(args: list[str], env: dict[str, str], cwd: str, timeout: float = 240) -> subprocess.CompletedProcess:
