@@ -7,6 +7,7 @@ files, not the framework, so "only rank 0 writes experiment files" can still be 
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from data import select_dataset  # noqa: E402
 from models.model_plain import ModelPlain  # noqa: E402
 from utils import utils_checkpoint, utils_train  # noqa: E402
 
+faulthandler.register(signal.SIGUSR2, all_threads=True)  # the harness dumps the stacks of a hung run
 captured = {}
 _define = utils_train.define_Model
 

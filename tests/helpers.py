@@ -5,15 +5,18 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIST_ENTRY = os.path.join(ROOT, "tests", "dist_entry.py")
+TORCHRUN_ENTRY = os.path.join(ROOT, "tests", "torchrun_entry.py")
 
 TINY_OPT: dict[str, Any] = {
     "task": "tiny",
@@ -77,13 +80,55 @@ def base_env(report_dir: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (torchrun starts its workers in new sessions, so a process group kill
+    would miss them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def run(cmd: list[str], env: dict[str, str], cwd: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    """Run ``cmd`` to completion. Past ``timeout``, every process under it first dumps its Python stacks (SIGUSR2,
+    registered by ``dist_entry.py``) and is then killed, so a hang fails with the stacks instead of leaving orphaned
+    workers behind; the result then has return code -9 and "TIMEOUT" on its stderr."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        tree = _descendants(proc.pid)
+        for pid in tree:
+            _signal(pid, signal.SIGUSR2)
+        time.sleep(3)
+        for pid in [proc.pid, *_descendants(proc.pid), *tree]:
+            _signal(pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, -9, out, f"{err}\nTIMEOUT after {timeout:.0f} s: {' '.join(cmd)}")
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def torchrun(nproc: int, args: list[str], env: dict[str, str], cwd: str, extra: list[str] | None = None,
              timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, TORCHRUN_ENTRY, "--standalone", f"--nproc_per_node={nproc}",
            *(extra or []), DIST_ENTRY, *args]
     proc = run(cmd, env, cwd, timeout)
     if proc.returncode != 0 and "timed out connecting" in proc.stderr and "Resuming" not in proc.stdout:

@@ -1,10 +1,16 @@
-"""Environment parsing for torchrun, SLURM and the legacy --local_rank argument (no processes started)."""
+"""Environment parsing for torchrun, SLURM and the legacy --local_rank argument; the per-attempt store."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+from torch.distributed import TCPStore
 
+from tests.helpers import ROOT, base_env
 from utils import utils_dist
 from utils.utils_dist import DistError, first_slurm_host, world_info_from_env
 
@@ -76,3 +82,30 @@ def test_helpers_without_process_group():
     calls = []
     assert utils_dist.master_only(lambda: calls.append(1) or "x")() == "x"
     assert calls == [1]
+
+
+def _attempt(agent_port: int, restart: int, delays: tuple[float, float]) -> list[str]:
+    """Start two ranks as torchrun's agent would (sharing its store), with start delays; return their outputs."""
+    procs = []
+    for rank, delay in enumerate(delays):
+        env = base_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(agent_port), TORCHELASTIC_USE_AGENT_STORE="True",
+                       TORCHELASTIC_RESTART_COUNT=str(restart), TEST_START_DELAY=str(delay), TEST_TIMEOUT="30")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "attempt_worker.py")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        return [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_a_restarted_attempt_ignores_the_dead_attempts_keys():
+    """torchrun keeps its store across --max-restarts attempts; after an attempt dies without tearing down, a
+    restarted rank 1 that starts before rank 0 used to read rank 0's dead gloo address and hang until the timeout
+    (pytorch/pytorch#135712). With a store per attempt it connects as soon as rank 0 is up."""
+    agent = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    first = _attempt(agent.port, 0, (0.0, 0.0))
+    assert [out.strip().splitlines()[-1] for out in first] == ["rank 0 sum 3", "rank 1 sum 3"], first
+    second = _attempt(agent.port, 1, (3.0, 0.0))  # rank 0 comes up 3 s after rank 1
+    assert [out.strip().splitlines()[-1] for out in second] == ["rank 0 sum 3", "rank 1 sum 3"], second

@@ -217,4 +217,8 @@ def test_matches_the_official_test_video_on_a_fixture() -> None:
         torch.testing.assert_close(out[..., 1::5, 2::5], torch.from_numpy(data[f"sub{i}"]), rtol=0, atol=1e-6)
         weights = torch.rand(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
         proj = (out.double() * weights).sum(dim=(2, 3, 4))
-        torch.testing.assert_close(proj, torch.from_numpy(data[f"proj{i}"]), rtol=1e-9, atol=1e-6)
+        # If every pixel is within 1e-6 (float32 rounding differs between CPUs' SIMD widths), the projection is
+        # within 1e-6 times the sum of the weights; a wrong seam or blend weight moves it by far more.
+        bound = 1e-6 * weights.sum(dim=(2, 3, 4))
+        diff = (proj - torch.from_numpy(data[f"proj{i}"])).abs()
+        assert bool((diff <= bound).all()), f"tiling {i}: projection off by {diff.max():.3g} > {bound.min():.3g}"

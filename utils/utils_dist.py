@@ -19,6 +19,8 @@ import functools
 import logging
 import os
 import re
+import socket
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
@@ -179,9 +181,51 @@ def init_dist(backend: str | None = None, timeout_s: float | None = None) -> Dis
     kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout)}
     if backend == "nccl":
         kwargs["device_id"] = info.device
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        kwargs.update(store=_attempt_store(info, timeout), rank=info.rank, world_size=info.world_size)
     dist.init_process_group(**kwargs)
     logger.debug("process group up: %s", info)
     return info
+
+
+ATTEMPT_STORE_KEY = "vrt/attempt_store"
+_PROBE_TIMEOUT_S = 5.0
+
+
+def _attempt_store(info: DistInfo, timeout_s: float) -> dist.TCPStore:
+    """A key-value store that belongs to this launch attempt alone.
+
+    torchrun (since torch 2.5) lends its workers the agent's TCPStore and keeps it across ``--max-restarts``
+    attempts, so the keys of a crashed attempt stay behind (pytorch/pytorch#135712). A restarted rank that starts
+    before rank 0 reads rank 0's dead gloo/NCCL address and waits for the whole timeout. Here rank 0 hosts a new
+    store and publishes ``port:nonce`` in the agent's store; the other ranks take a published entry only once the
+    store behind it answers with that nonce, which a previous attempt's (dead) store cannot do.
+    """
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    full = datetime.timedelta(seconds=timeout_s)
+    agent = dist.TCPStore(addr, port, is_master=False, timeout=full, wait_for_workers=False)
+    if info.rank == 0:
+        nonce = os.urandom(8).hex()
+        store = dist.TCPStore(addr, 0, info.world_size, is_master=True, timeout=full, wait_for_workers=False)
+        store.set("nonce", nonce)
+        agent.set(ATTEMPT_STORE_KEY, f"{store.port}:{nonce}")
+        return store
+    probe = datetime.timedelta(seconds=_PROBE_TIMEOUT_S)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        store_port, nonce = agent.get(ATTEMPT_STORE_KEY).decode().split(":")
+        try:
+            socket.create_connection((addr, int(store_port)), timeout=_PROBE_TIMEOUT_S).close()  # quiet first look
+            store = dist.TCPStore(addr, int(store_port), is_master=False, timeout=probe, wait_for_workers=False)
+            if store.get("nonce").decode() == nonce:
+                store.set_timeout(full)
+                return store
+        except (OSError, RuntimeError, ValueError):  # a previous attempt's entry: its store is gone (or is not ours)
+            pass
+        if time.monotonic() > deadline:
+            raise DistError(f"rank {info.rank}: rank 0 did not publish this attempt's store at {addr}:{port} "
+                            f"within {timeout_s:.0f} s")
+        time.sleep(0.5)
 
 
 def destroy_dist() -> None:
