@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_vrt import Runner, _peak_memory_mb  # noqa: E402
+from benchmarks.bench_vrt import Runner, add_run_args, measure  # noqa: E402
 from models.network_rvrt import RVRT  # noqa: E402
 
 _RELEASED = {'clip_size': 2, 'window_size': (2, 8, 8), 'num_blocks': (1, 2, 1), 'depths': (2, 2, 2),
@@ -44,17 +44,8 @@ DEFAULT_INPUT = {name: ((4, 64, 64) if cfg['upscale'] == 4 else (4, 192, 192)) f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--amp', default='none', choices=('none', 'bf16', 'fp16'))
-    parser.add_argument('--compile', action='store_true', help='torch.compile the deformable-attention core')
+    add_run_args(parser, 'torch.compile the deformable-attention core', iters=3)
     parser.add_argument('--checkpoint', action='store_true', help='use_checkpoint_attn/ffn in the backbones')
-    parser.add_argument('--iters', type=int, default=3, help='timed iterations (after --warmup)')
-    parser.add_argument('--warmup', type=int, default=1)
-    parser.add_argument('--batch', type=int, default=1)
-    parser.add_argument('--frames', type=int, help='input frames (even)')
-    parser.add_argument('--size', type=int, nargs=2, metavar=('H', 'W'), help='LQ size')
-    parser.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
-    parser.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement')
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -72,13 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     y = torch.rand(args.batch, d, 3, h * scale, w * scale, generator=gen).to(device)
     torch.manual_seed(0)
     net = RVRT(**kwargs).to(device)
-    runner = Runner(net, x, y, args.amp)
-    for _ in range(args.warmup):
-        runner.forward()
-        runner.train_step()
-    fwd = sorted(runner.forward() for _ in range(args.iters))[args.iters // 2]
-    step = sorted(runner.train_step() for _ in range(args.iters))[args.iters // 2]
-    peak = float('nan') if args.no_memory else _peak_memory_mb(runner, 1)
+    m = measure({'ours': Runner(net, x, y, args.amp)}, args.warmup, args.iters, not args.no_memory)['ours']
+    fwd, step, peak = m['forward_s'], m['train_step_s'], m['peak_mem_mb']
     print(json.dumps({'net': 'rvrt', 'preset': args.preset, 'device': str(device), 'amp': args.amp,
                       'compile': args.compile, 'checkpoint': args.checkpoint, 'batch': args.batch, 'frames': d,
                       'lq_size': [h, w], 'threads': torch.get_num_threads(), 'torch': torch.__version__,

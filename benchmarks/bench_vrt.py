@@ -162,22 +162,46 @@ def _peak_memory_mb(runner: Runner, steps: int) -> float:
     return float(value) if value else float('nan')
 
 
+def add_run_args(parser: argparse.ArgumentParser, compile_help: str, iters: int) -> None:
+    """The options every network benchmark takes: device, precision, compile, iterations, input size, threads."""
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--amp', default='none', choices=('none', 'bf16', 'fp16'))
+    parser.add_argument('--compile', action='store_true', help=compile_help)
+    parser.add_argument('--iters', type=int, default=iters, help='timed iterations (after --warmup)')
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--frames', type=int, help='input frames')
+    parser.add_argument('--size', type=int, nargs=2, metavar=('H', 'W'), help='LQ size')
+    parser.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
+    parser.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement')
+
+
+def measure(runners: dict[str, Runner], warmup: int, iters: int, memory: bool) -> dict[str, dict[str, float]]:
+    """Median forward and train-step seconds and peak memory (MiB, NaN when skipped) of each runner.
+
+    The runners alternate inside each iteration so that all of them see the same machine load.
+    """
+    for runner in runners.values():
+        for _ in range(warmup):
+            runner.forward()
+            runner.train_step()
+    times: dict[str, dict[str, list[float]]] = {n: {'fwd': [], 'step': []} for n in runners}
+    for _ in range(iters):
+        for name, runner in runners.items():
+            times[name]['fwd'].append(runner.forward())
+            times[name]['step'].append(runner.train_step())
+    return {name: {'forward_s': sorted(t['fwd'])[iters // 2], 'train_step_s': sorted(t['step'])[iters // 2],
+                   'peak_mem_mb': _peak_memory_mb(runners[name], 1) if memory else float('nan')}
+            for name, t in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = parser.add_mutually_exclusive_group()
-    src.add_argument('--opt', help='KAIR-style option file whose netG is benchmarked')
+    src.add_argument('--opt', help='KAIR-style option file whose netG is benchmarked (input: its img_size)')
     src.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--amp', default='none', choices=('none', 'bf16', 'fp16'))
-    parser.add_argument('--compile', action='store_true', help='torch.compile our network')
-    parser.add_argument('--iters', type=int, default=5, help='timed iterations (after --warmup)')
-    parser.add_argument('--warmup', type=int, default=1)
-    parser.add_argument('--batch', type=int, default=1)
-    parser.add_argument('--frames', type=int, help='input frames (default img_size[0])')
-    parser.add_argument('--size', type=int, nargs=2, metavar=('H', 'W'), help='LQ size (default img_size[1:])')
-    parser.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
+    add_run_args(parser, 'torch.compile our network', iters=5)
     parser.add_argument('--reference-dir', help='directory with the reference models/network_vrt.py to compare')
-    parser.add_argument('--no-memory', action='store_true', help='skip the peak-memory measurement')
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -212,22 +236,11 @@ def main(argv: list[str] | None = None) -> int:
               'amp': args.amp, 'compile': args.compile, 'batch': args.batch, 'frames': d, 'lq_size': [h, w],
               'threads': torch.get_num_threads(), 'torch': torch.__version__,
               'params': sum(p.numel() for p in ours.parameters())}
-    for runner in runners.values():
-        for _ in range(args.warmup):
-            runner.forward()
-            runner.train_step()
-    times: dict[str, dict[str, list[float]]] = {n: {'fwd': [], 'step': []} for n in runners}
-    for _ in range(args.iters):  # alternate so both see the same machine load
-        for name, runner in runners.items():
-            times[name]['fwd'].append(runner.forward())
-            times[name]['step'].append(runner.train_step())
     results = {}
-    for name, runner in runners.items():
-        fwd = sorted(times[name]['fwd'])[len(times[name]['fwd']) // 2]
-        step = sorted(times[name]['step'])[len(times[name]['step']) // 2]
-        peak = float('nan') if args.no_memory else _peak_memory_mb(runner, 1)
-        results[name] = {'impl': name, **common, 'forward_s': round(fwd, 4), 'train_step_s': round(step, 4),
-                         'peak_mem_mb': round(peak, 1), 'train_samples_per_s': round(args.batch / step, 3)}
+    for name, m in measure(runners, args.warmup, args.iters, not args.no_memory).items():
+        results[name] = {'impl': name, **common, 'forward_s': round(m['forward_s'], 4),
+                         'train_step_s': round(m['train_step_s'], 4), 'peak_mem_mb': round(m['peak_mem_mb'], 1),
+                         'train_samples_per_s': round(args.batch / m['train_step_s'], 3)}
         print(json.dumps(results[name]), flush=True)
     if 'reference' in results:
         r, o = results['reference'], results['ours']

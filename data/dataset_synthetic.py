@@ -357,7 +357,22 @@ def _make_item(rng: np.random.Generator, task: str, num_frame: int, h: int, w: i
     return torch.cat([frames + noise, sigma_map], dim=1), frames
 
 
-class SyntheticVideoTrainDataset(Dataset):
+class _SeededClips(Dataset):
+    """``num_clips`` items, item ``i`` drawn from a generator seeded by ``(seed, i)`` alone."""
+
+    num_clips: int
+    seed: int
+
+    def __len__(self) -> int:
+        return self.num_clips
+
+    def _rng(self, index: int) -> np.random.Generator:
+        if not 0 <= index < self.num_clips:
+            raise IndexError(f"{type(self).__name__}: index {index} out of range [0, {self.num_clips})")
+        return np.random.Generator(np.random.PCG64([self.seed, index]))
+
+
+class SyntheticVideoTrainDataset(_SeededClips):
     """Training clips rendered on the fly; item ``i`` is a deterministic function of ``(seed, i)``.
 
     Options (``opt`` is read, never modified): ``task`` ('sr' | 'deblur' | 'denoise' | 'vfi', default 'sr'),
@@ -387,19 +402,14 @@ class SyntheticVideoTrainDataset(Dataset):
             logger.info("%s: task 'vfi' renders %d frames; 'num_frame' = %s is ignored", cls, VFI_FRAMES,
                         opt["num_frame"])
 
-    def __len__(self) -> int:
-        return self.num_clips
-
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.num_clips:
-            raise IndexError(f"{type(self).__name__}: index {index} out of range [0, {self.num_clips})")
-        rng = np.random.Generator(np.random.PCG64([self.seed, index]))
+        rng = self._rng(index)
         lq, gt = _make_item(rng, self.task, self.num_frame, self.gt_size, self.gt_size, self.scale,
                             self.sigma_range, self.augment)
         return {"L": lq, "H": gt, "key": f"clip_{index:06d}/{0:08d}"}
 
 
-class SyntheticVideoTestDataset(Dataset):
+class SyntheticVideoTestDataset(_SeededClips):
     """Whole validation clips rendered on the fly (no crop, no augmentation), deterministic by ``(seed, index)``.
 
     Options (``opt`` is read, never modified): ``task``, ``scale`` (as for training), ``num_clips`` (2),
@@ -426,13 +436,8 @@ class SyntheticVideoTestDataset(Dataset):
                              f"h * scale and w * scale >= 4")
         self.lq_size = (int(lq_size[0]), int(lq_size[1]))
 
-    def __len__(self) -> int:
-        return self.num_clips
-
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.num_clips:
-            raise IndexError(f"{type(self).__name__}: index {index} out of range [0, {self.num_clips})")
-        rng = np.random.Generator(np.random.PCG64([self.seed, index]))
+        rng = self._rng(index)
         h, w = self.lq_size[0] * self.scale, self.lq_size[1] * self.scale
         lq, gt = _make_item(rng, self.task, self.num_frame, h, w, self.scale, (self.sigma, self.sigma),
                             (False, False))

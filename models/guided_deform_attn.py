@@ -222,7 +222,23 @@ class ChannelsLast(nn.Module):
         return getattr(self, '1')(x.movedim(2, -1)).movedim(-1, 2)
 
 
-class DeformAttnPack(nn.Module):
+class _DeformAttnGeometry(nn.Module):
+    """The sampling geometry both attention modules share: a (kh, kw) window, stride 1, 'same' padding."""
+
+    def __init__(self, in_channels: int, out_channels: int | None, attention_window: Sequence[int],
+                 deformable_groups: int, attention_heads: int, clip_size: int) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels or in_channels
+        self.kernel_h, self.kernel_w = _pair(attention_window)
+        self.attn_size = self.kernel_h * self.kernel_w
+        self.deformable_groups = deformable_groups
+        self.attention_heads = attention_heads
+        self.clip_size = clip_size
+        self.stride, self.padding, self.dilation = 1, self.kernel_h // 2, 1
+
+
+class DeformAttnPack(_DeformAttnGeometry):
     """Deformable attention of one query frame over a clip, offsets predicted by one 3x3 convolution.
 
     State-dict names follow the reference's ``DeformAttnPack``: ``conv_offset``, ``proj_q.1``, ``proj_k.1``,
@@ -246,15 +262,7 @@ class DeformAttnPack(nn.Module):
         attention_heads: int = 12,
         clip_size: int = 1,
     ) -> None:
-        super().__init__()
-        self.in_channels = in_channels
-        self.out_channels = out_channels or in_channels
-        self.kernel_h, self.kernel_w = _pair(attention_window)
-        self.attn_size = self.kernel_h * self.kernel_w
-        self.deformable_groups = deformable_groups
-        self.attention_heads = attention_heads
-        self.clip_size = clip_size
-        self.stride, self.padding, self.dilation = 1, self.kernel_h // 2, 1
+        super().__init__(in_channels, out_channels, attention_window, deformable_groups, attention_heads, clip_size)
         c = in_channels
         self.proj_q = ChannelsLast(nn.Linear(c, c))
         self.proj_k = ChannelsLast(nn.Linear(c, c))
@@ -283,7 +291,7 @@ class DeformAttnPack(nn.Module):
         return out + self.mlp(out)
 
 
-class GuidedDeformAttnPack(nn.Module):
+class GuidedDeformAttnPack(_DeformAttnGeometry):
     """Flow-guided deformable attention (RVRT), aligning the previous clip's features to the current clip.
 
     Offsets are ``max_residue_magnitude * tanh(conv_offset(...))`` plus the optical flows; q, k, v are projected
@@ -315,16 +323,8 @@ class GuidedDeformAttnPack(nn.Module):
         recompute: bool | None = None,
         compile: bool = False,
     ) -> None:
-        super().__init__()
-        self.in_channels = in_channels
-        self.out_channels = out_channels or in_channels
-        self.kernel_h, self.kernel_w = _pair(attention_window)
-        self.attn_size = self.kernel_h * self.kernel_w
-        self.deformable_groups = deformable_groups
-        self.attention_heads = attention_heads
-        self.clip_size = clip_size
+        super().__init__(in_channels, out_channels, attention_window, deformable_groups, attention_heads, clip_size)
         self.max_residue_magnitude = max_residue_magnitude
-        self.stride, self.padding, self.dilation = 1, self.kernel_h // 2, 1
         self.recompute = recompute
         self.compile = compile
         c = in_channels

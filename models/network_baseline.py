@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.layers import DropPath
 from torch import nn
 
 
@@ -16,10 +17,12 @@ class VideoConvBaseline(nn.Module):
         out_chans: output channels.
         num_feat: feature width.
         num_block: number of residual blocks.
+        drop_path_rate: stochastic depth of the residual blocks (as VRT's, it draws from the global torch RNG in
+            training, which is what makes resumed runs sensitive to the RNG stream).
     """
 
     def __init__(self, upscale: int = 4, in_chans: int = 3, out_chans: int = 3, num_feat: int = 32,
-                 num_block: int = 3) -> None:
+                 num_block: int = 3, drop_path_rate: float = 0.0) -> None:
         super().__init__()
         self.upscale = upscale
         self.out_chans = out_chans
@@ -28,6 +31,7 @@ class VideoConvBaseline(nn.Module):
             nn.Sequential(nn.Conv3d(num_feat, num_feat, (1, 3, 3), padding=(0, 1, 1)), nn.LeakyReLU(0.1, True),
                           nn.Conv3d(num_feat, num_feat, (1, 3, 3), padding=(0, 1, 1)))
             for _ in range(num_block))
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.conv_up = nn.Conv2d(num_feat, out_chans * upscale * upscale, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +46,7 @@ class VideoConvBaseline(nn.Module):
         n, d, _, h, w = x.shape
         feat = F.leaky_relu(self.conv_first(x.transpose(1, 2)), 0.1)
         for block in self.body:
-            feat = feat + block(feat)
+            feat = feat + self.drop_path(block(feat))
         feat = feat.transpose(1, 2).reshape(n * d, -1, h, w)
         out = F.pixel_shuffle(self.conv_up(feat), self.upscale)
         base = x[:, :, : self.out_chans].reshape(n * d, self.out_chans, h, w)

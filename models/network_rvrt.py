@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,44 +32,30 @@ from torch import Tensor, nn
 
 from models.guided_deform_attn import GuidedDeformAttnPack, frame_conv
 from models.network_spynet import SpyNet, flow_warp
-from models.network_vrt import TMSAG, Upsample
+from models.network_vrt import RTMSA, Upsample
 
 logger = logging.getLogger(__name__)
 
 BRANCHES = ('backward_1', 'forward_1', 'backward_2', 'forward_2')
 
 
-class RSTB(nn.Module):
+class RSTB(RTMSA):
     """Residual Swin Transformer block: ``x + linear(STG(x))``, channels-last (B, D, H, W, C).
 
-    The Swin group is VRT's :class:`~models.network_vrt.TMSAG` without mutual attention, with RVRT's plain
-    GELU MLP (``mlp.fc1``/``mlp.fc2``) and zero-initialised relative position tables, as in the reference.
+    VRT's :class:`~models.network_vrt.RTMSA` (self-attention only) with RVRT's plain GELU MLP
+    (``mlp.fc1``/``mlp.fc2``) and zero-initialised relative position tables, as in the reference.
+
+    Args:
+        dim, depth, num_heads, window_size, mlp_ratio: see :class:`~models.network_vrt.RTMSA`.
+        **kwargs: ``qkv_bias``, ``qk_scale``, ``norm_layer``, ``use_checkpoint_attn``, ``use_checkpoint_ffn``.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        depth: int,
-        num_heads: int,
-        window_size: Sequence[int],
-        mlp_ratio: float = 2.0,
-        qkv_bias: bool = True,
-        qk_scale: float | None = None,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
-        use_checkpoint_attn: bool = False,
-        use_checkpoint_ffn: bool = False,
-    ) -> None:
-        super().__init__()
-        self.residual_group = TMSAG(dim, depth, num_heads, tuple(window_size), False, mlp_ratio, qkv_bias, qk_scale,
-                                    0.0, norm_layer, use_checkpoint_attn, use_checkpoint_ffn)
+    def __init__(self, dim: int, depth: int, num_heads: int, window_size: Sequence[int], mlp_ratio: float = 2.0,
+                 **kwargs: Any) -> None:
+        super().__init__(dim, depth, num_heads, tuple(window_size), mlp_ratio, **kwargs)
         for blk in self.residual_group.blocks:
             blk.mlp = Mlp(dim, int(dim * mlp_ratio))
             nn.init.zeros_(blk.attn.relative_position_bias_table)
-        self.linear = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (B, D, H, W, C) -> (B, D, H, W, C)."""
-        return x + self.linear(self.residual_group(x))
 
 
 class RSTBWithInputConv(nn.Module):
@@ -82,29 +69,15 @@ class RSTBWithInputConv(nn.Module):
         dim: output channels.
         groups: groups of the input convolution.
         num_blocks: RSTBs.
-        depth, num_heads, window_size, mlp_ratio, qkv_bias, qk_scale, norm_layer: see :class:`RSTB`.
-        use_checkpoint_attn, use_checkpoint_ffn: activation checkpointing in the RSTBs.
+        *rstb_args, **rstb_kwargs: the remaining arguments of :class:`RSTB` after ``dim`` (``depth``,
+            ``num_heads``, ``window_size``, ``mlp_ratio``, ``qkv_bias``, ``qk_scale``, ``norm_layer``,
+            ``use_checkpoint_attn``, ``use_checkpoint_ffn``).
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        dim: int,
-        groups: int,
-        num_blocks: int,
-        depth: int,
-        num_heads: int,
-        window_size: Sequence[int],
-        mlp_ratio: float = 2.0,
-        qkv_bias: bool = True,
-        qk_scale: float | None = None,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
-        use_checkpoint_attn: bool = False,
-        use_checkpoint_ffn: bool = False,
-    ) -> None:
+    def __init__(self, in_channels: int, dim: int, groups: int, num_blocks: int, *rstb_args: Any,
+                 **rstb_kwargs: Any) -> None:
         super().__init__()
-        blocks = [RSTB(dim, depth, num_heads, window_size, mlp_ratio, qkv_bias, qk_scale, norm_layer,
-                       use_checkpoint_attn, use_checkpoint_ffn) for _ in range(num_blocks)]
+        blocks = [RSTB(dim, *rstb_args, **rstb_kwargs) for _ in range(num_blocks)]
         self.main = nn.ModuleDict({
             '1': nn.Conv3d(in_channels, dim, kernel_size=(1, 3, 3), padding=(0, 1, 1), groups=groups),
             '3': nn.LayerNorm(dim),

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -458,27 +459,19 @@ class TMSAG(nn.Module):
 
 
 class RTMSA(nn.Module):
-    """Residual TMSA group (stage 8): ``x + linear(TMSAG(x))`` with self-attention only, channels-last."""
+    """Residual TMSA group (stage 8): ``x + linear(TMSAG(x))`` with self-attention only, channels-last.
 
-    def __init__(
-        self,
-        dim: int,
-        depth: int,
-        num_heads: int,
-        window_size: Size3,
-        mlp_ratio: float = 2.0,
-        qkv_bias: bool = True,
-        qk_scale: float | None = None,
-        drop_path: float | Sequence[float] = 0.0,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
-        use_checkpoint_attn: bool = False,
-        use_checkpoint_ffn: bool = False,
-    ) -> None:
+    Args:
+        dim, depth, num_heads, window_size, mlp_ratio: see :class:`TMSAG`.
+        qkv_bias: bias in the qkv projection (on by default here, unlike :class:`TMSAG`).
+        **kwargs: ``qk_scale``, ``drop_path``, ``norm_layer``, ``use_checkpoint_attn``, ``use_checkpoint_ffn``.
+    """
+
+    def __init__(self, dim: int, depth: int, num_heads: int, window_size: Size3, mlp_ratio: float = 2.0,
+                 qkv_bias: bool = True, **kwargs: Any) -> None:
         super().__init__()
-        self.residual_group = TMSAG(
-            dim, depth, num_heads, window_size, False, mlp_ratio, qkv_bias, qk_scale, drop_path, norm_layer,
-            use_checkpoint_attn, use_checkpoint_ffn,
-        )
+        self.residual_group = TMSAG(dim, depth, num_heads, window_size, mut_attn=False, mlp_ratio=mlp_ratio,
+                                    qkv_bias=qkv_bias, **kwargs)
         self.linear = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -41,6 +41,12 @@ TINY_OPT: dict[str, Any] = {
 }
 
 
+# A network whose training forward draws from the global torch RNG (stochastic depth, as VRT's): resume tests use it
+# so that a resumed run that consumed the RNG stream differently would not end bit-identical.
+RNG_NET: dict[str, Any] = {"net_type": "videoconvbaseline", "upscale": 4, "num_feat": 8, "num_block": 2,
+                           "drop_path_rate": 0.5}
+
+
 def write_opt(tmp_path, name: str = "opt.json", **sections: Any) -> str:
     """Write a tiny option file; keyword arguments replace or update top-level sections (dicts are merged, except
     ``netG``, which is replaced)."""

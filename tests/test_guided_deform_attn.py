@@ -9,14 +9,7 @@ import torch
 
 from models.guided_deform_attn import DeformAttnPack, GuidedDeformAttnPack, deform_attn
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The CPU is shared by parallel jobs: one intra-op thread avoids oversubscription."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _bilinear(img: torch.Tensor, h: float, w: float) -> torch.Tensor:

@@ -9,45 +9,26 @@ gradients of tiny configurations filled with ``deterministic_fill`` on a seeded 
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from models.network_rvrt import RVRT
-from tests.test_network_vrt import deterministic_fill
+from tests.golden import assert_grads_close, assert_same_layout, deterministic_fill, shape_table
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'rvrt'
 TINY = dict(clip_size=2, window_size=(2, 4, 4), num_blocks=(1, 1, 1), depths=(2, 2, 2), embed_dims=(16, 16, 16),
             num_heads=(2, 2, 2), inputconv_groups=(1, 2, 2, 4, 4, 2), deformable_groups=4, attention_heads=4)
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """The CPU is shared by parallel jobs: one intra-op thread is several times faster than oversubscription."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
-def _shape_table() -> dict:
-    with gzip.open(FIXTURES / 'state_dict_shapes.json.gz', 'rt') as fh:
-        return json.load(fh)
-
-
-@pytest.mark.parametrize('name', sorted(_shape_table()))
+@pytest.mark.parametrize('name', sorted(shape_table(FIXTURES)))
 def test_state_dict_keys_and_shapes_match_reference(name: str) -> None:
     """KAIR options 001-006, released-model constructors and defaults: identical state_dict layout."""
-    entry = _shape_table()[name]
-    with torch.device('meta'):
-        net = RVRT(**entry['kwargs'])
-    sd = net.state_dict()
-    assert {k: list(v.shape) for k, v in sd.items()} == entry['shapes']
-    assert sorted(k for k, _ in net.named_buffers() if k in sd) == entry['buffers']
-    assert sum(p.numel() for p in net.parameters()) == entry['num_params']
+    assert_same_layout(RVRT, shape_table(FIXTURES)[name])
 
 
 @pytest.mark.parametrize('case', ['sr', 'deblur', 'denoise'])
@@ -65,12 +46,8 @@ def test_golden_matches_reference(case: str) -> None:
     loss = out.square().mean()
     assert abs(loss.item() - data['loss']) < 1e-5
     loss.backward()
-    params = dict(net.named_parameters())
     assert len(data['grads']) >= 7
-    for name, grad in data['grads'].items():
-        scale = grad.abs().max().clamp_min(1e-12)
-        err = (params[name].grad - grad).abs().max() / scale
-        assert err < 2e-3, f'{case}: gradient of {name} differs by {err:.2e} (relative to max)'
+    assert_grads_close(net, data['grads'], case)
 
 
 def _tiny(**kwargs) -> RVRT:

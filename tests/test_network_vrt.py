@@ -2,54 +2,20 @@
 
 from __future__ import annotations
 
-import gzip
-import json
-import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
-from torch import nn
 
 from models.network_vrt import VRT, DCNv2PackFlowGuided, deform_conv3x3_sampled
-
-
-def deterministic_fill(model: nn.Module, seed: int = 0, gain: float = 0.5) -> None:
-    """Fill every parameter from a seeded generator, visiting names in sorted order.
-
-    The rule depends only on parameter names and shapes, so the reference and our VRT get identical weights
-    without storing a state dict: tables std 0.02, matrices/kernels std 1/sqrt(fan_in), 1-D weights
-    1 + 0.1 N(0, 1), biases 0.02 N(0, 1).
-    """
-    gen = torch.Generator().manual_seed(seed)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name in sorted(params):
-            p = params[name]
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith('relative_position_bias_table'):
-                value = 0.02 * noise
-            elif p.dim() >= 2:
-                value = gain * noise / math.sqrt(p[0].numel())
-            elif name.endswith('weight'):
-                value = 1.0 + 0.1 * noise
-            else:
-                value = 0.02 * noise
-            p.copy_(value)
-
+from tests.golden import assert_grads_close, assert_same_layout, deterministic_fill, shape_table
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Many small kernels: one intra-op thread avoids OpenMP spin-wait stalls on a shared CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 GOLDEN = ['sr_pa2', 'sr_pa4', 'sr_pa6', 'deblur', 'denoise', 'vfi']
@@ -74,29 +40,14 @@ def test_golden_matches_reference(case: str) -> None:
     assert out.shape == data['output'].shape
     torch.testing.assert_close(out, data['output'], atol=1e-4, rtol=1e-4)
     out.square().mean().backward()
-    params = dict(net.named_parameters())
     assert data['grads']
-    for name, grad in data['grads'].items():
-        scale = grad.abs().max().clamp_min(1e-12)
-        err = (params[name].grad - grad).abs().max() / scale
-        assert err < 2e-3, f'{case}: gradient of {name} differs by {err:.2e} (relative to max)'
+    assert_grads_close(net, data['grads'], case)
 
 
-def _shape_table() -> dict:
-    with gzip.open(FIXTURES / 'state_dict_shapes.json.gz', 'rt') as fh:
-        return json.load(fh)
-
-
-@pytest.mark.parametrize('name', sorted(_shape_table()))
+@pytest.mark.parametrize('name', sorted(shape_table(FIXTURES)))
 def test_state_dict_keys_and_shapes_match_reference(name: str) -> None:
     """Released checkpoints (official 001-009) and KAIR option files (001-009): identical state_dict layout."""
-    entry = _shape_table()[name]
-    with torch.device('meta'):
-        net = VRT(**entry['kwargs'])
-    sd = net.state_dict()
-    assert {k: list(v.shape) for k, v in sd.items()} == entry['shapes']
-    assert sorted(k for k, _ in net.named_buffers() if k in sd) == entry['buffers']
-    assert sum(p.numel() for p in net.parameters()) == entry['num_params']
+    assert_same_layout(VRT, shape_table(FIXTURES)[name])
 
 
 def test_strict_load_roundtrip_and_persistent_buffers() -> None:

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from tests.helpers import ROOT, assert_ok, base_env, load_params, reports, single, torchrun, write_opt
+from tests.helpers import RNG_NET, ROOT, assert_ok, base_env, load_params, reports, single, torchrun, write_opt
 from utils.utils_checkpoint import complete_steps
 
 
@@ -21,7 +21,7 @@ def _same(a: str, b: str) -> bool:
 
 
 def test_elastic_restart_after_sigkill_is_bit_identical(tmp_path):
-    opt = write_opt(tmp_path, train={"total_iter": 6, "checkpoint_save": 2})
+    opt = write_opt(tmp_path, train={"total_iter": 6, "checkpoint_save": 2}, netG=RNG_NET)
     assert_ok(torchrun(2, ["--opt", opt, "--set", "task=ref"], base_env(), str(tmp_path)))
     env = base_env(TEST_KILL_AT_STEP="4", TEST_KILL_RANK="1")
     proc = torchrun(2, ["--opt", opt, "--set", "task=killed"], env, str(tmp_path), extra=["--max-restarts=2"])
@@ -32,7 +32,7 @@ def test_elastic_restart_after_sigkill_is_bit_identical(tmp_path):
 
 
 def test_sigterm_saves_current_step_and_rerun_continues(tmp_path):
-    opt = write_opt(tmp_path, train={"total_iter": 6, "checkpoint_save": 100})
+    opt = write_opt(tmp_path, train={"total_iter": 6, "checkpoint_save": 100}, netG=RNG_NET)
     env = base_env(TEST_SIGNAL_AT_STEP="3", TEST_SIGNAL="SIGTERM")
     proc = single(["--opt", opt, "--set", "task=pre"], env, str(tmp_path))
     assert_ok(proc)
@@ -58,7 +58,7 @@ def test_sigusr1_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
 
 
 def test_crash_during_save_keeps_previous_checkpoint(tmp_path):
-    opt = write_opt(tmp_path, train={"total_iter": 6, "checkpoint_save": 2})
+    opt = write_opt(tmp_path, train={"total_iter": 6, "checkpoint_save": 2}, netG=RNG_NET)
     crashed = single(["--opt", opt, "--set", "task=crash"], base_env(TEST_CRASH_IN_SAVE="4"), str(tmp_path))
     assert crashed.returncode != 0
     models = _models(tmp_path, "crash")

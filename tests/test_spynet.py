@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models.network_spynet import SPYNET_URL, SpyNet, flow_warp
-from tests.test_network_vrt import deterministic_fill
+from tests.golden import deterministic_fill
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'
 

@@ -178,8 +178,11 @@ def build_train_loader(dataset: Dataset, dataset_opt: dict[str, Any], *, rank: i
     if len(sampler) < per_process:
         raise ValueError(f"the training set has {len(dataset)} items, too few for a batch of {per_process} on each "
                          f"of {world_size} process(es)")
+    # A private generator: creating an iterator draws a base seed from it, and a draw from the global RNG would
+    # shift the stream that stochastic depth uses, so a resumed run (one iterator more) would not be bit-identical.
+    generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(SeededItems(dataset, seed), batch_size=per_process, sampler=sampler, num_workers=workers,
-                        drop_last=True, pin_memory=pin_memory, worker_init_fn=worker_init_fn,
+                        drop_last=True, pin_memory=pin_memory, worker_init_fn=worker_init_fn, generator=generator,
                         persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
                         timeout=timeout if workers > 0 else 0)
     logger.info("Global batch %d = %d per process x %d process(es) x %d accumulation step(s); %d loader worker(s) "
