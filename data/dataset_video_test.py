@@ -71,7 +71,9 @@ def _meta_names(opt: dict[str, Any]) -> list[str]:
         with open(path) as f:
             names = [ln.split()[0] for ln in f if ln.strip()]
     except OSError as err:
-        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}") from err
+        hint = ("; write it with scripts/data_preparation/generate_meta_info.py (README: 'Datasets: preparation')"
+                if isinstance(err, FileNotFoundError) else "")
+        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}{hint}") from err
     if not names:
         raise DataCheckError(f"meta_info_file {path} lists no clip")
     return names

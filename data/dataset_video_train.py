@@ -53,7 +53,9 @@ def read_meta_info(path: str, fields: int) -> list[tuple[str, int, int]]:
         with open(path) as f:
             lines = [ln.strip() for ln in f]
     except OSError as err:
-        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}") from err
+        hint = ("; write it with scripts/data_preparation/generate_meta_info.py (README: 'Datasets: preparation')"
+                if isinstance(err, FileNotFoundError) else "")
+        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}{hint}") from err
     out, bad = [], []
     for num, line in enumerate(lines, 1):
         if not line:

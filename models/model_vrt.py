@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from models.model_plain import ModelPlain
+from models.select_network import is_frame_interpolation
 from models.video_inference import infer_video
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class ModelVRT(ModelPlain):
                     num_frame_overlapping=val.get("num_frame_overlapping", 2),
                     size_patch_testing=val.get("size_patch_testing", 0), overlap_size=val.get("overlap_size", 20),
                     nonblind_denoising=bool(net_opt.get("nonblind_denoising", False)),
-                    vfi=net_opt.get("net_type", "").lower() == "vrt" and net_opt.get("pa_frames", 2) == 0,
+                    vfi=is_frame_interpolation(net_opt),
                     pad_seq=val.get("pad_seq", False), flip_seq=val.get("flip_seq", False),
                     center_frame_only=val.get("center_frame_only", False), device=self.device,
                     autocast_dtype=self.amp_dtype)

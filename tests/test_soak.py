@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers import DIST_ENTRY, ROOT, base_env, load_params
+from utils.utils_checkpoint import complete_steps
 
 DEMO = os.path.join(ROOT, "options", "vrt", "000_train_vrt_demo.json")
 
@@ -25,6 +26,15 @@ def _workers(agent_pid: int) -> list[int]:
     """The training worker processes torchrun's agent started."""
     out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(agent_pid)], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines() if "dist_entry" in line]
+
+
+def _prune(models: str, keep: int) -> None:
+    """Remove the files of all but the newest ``keep`` complete steps (what a user with a small disk would do)."""
+    for step in complete_steps(models)[:-keep] if os.path.isdir(models) else []:
+        for suffix in ("state", "G", "E", "optimizerG"):  # state first: the step is incomplete from then on
+            path = os.path.join(models, f"{step}_{suffix}.pth")
+            if os.path.exists(path):
+                os.remove(path)
 
 
 def _launch(args: list[str], env: dict[str, str], cwd: str, log: str | None = None) -> subprocess.Popen:
@@ -63,6 +73,8 @@ def test_soak_random_kills(tmp_path):
 
     def killer() -> None:
         while not stop.wait(rng.uniform(10, 60)):
+            for task in ("ref", "soak"):  # ~24 MB per checkpoint of the demo: keep the newest two complete steps
+                _prune(str(tmp_path / "experiments" / task / "models"), keep=2)
             workers = _workers(soak.pid)
             if workers:
                 os.kill(rng.choice(workers), 9)

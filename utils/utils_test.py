@@ -99,7 +99,7 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
         utils_checkpoint.CheckpointError: a checkpoint that cannot be read or does not fit the network.
     """
     if args.opt:
-        from models.select_network import define_G
+        from models.select_network import define_G, is_frame_interpolation
         from utils import utils_option
 
         opt = utils_option.parse(args.opt, is_train=False)
@@ -115,7 +115,7 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
         default_overlap = (int(val.get("num_frame_overlapping", 2)), int(val.get("overlap_size", 20)))
         scale = int(opt.get("scale") or net_opt.get("upscale", 1))
         nonblind = bool(net_opt.get("nonblind_denoising", False))
-        vfi = str(net_opt["net_type"]).lower() == "vrt" and net_opt.get("pa_frames", 2) == 0
+        vfi = is_frame_interpolation(net_opt)
         mirror, sigma = False, 0
     else:
         if args.task not in TASKS:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from data.select_dataset import define_Dataset
 from models.select_model import define_Model
+from models.select_network import is_frame_interpolation
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist
 from utils.utils_dataloader import build_train_loader, next_batch
@@ -226,7 +227,7 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
             return
         if not summary.get("baseline_logged"):
             net_opt = opt["netG"]
-            vfi = net_opt["net_type"].lower() == "vrt" and net_opt.get("pa_frames", 2) == 0
+            vfi = is_frame_interpolation(net_opt)
             logger.info("Input baseline (the LQ input itself, bicubic-upsampled when scale > 1):")
             validate(InputBaseline(int(opt.get("scale", 1)), vfi), test_set, step=step, epoch=epoch,
                      save_img=False, images_dir="", tb=None)
