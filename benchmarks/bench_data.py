@@ -5,6 +5,7 @@ content plus noise, like real frames compress), packs it into LMDBs with ``creat
 a DataLoader over each back-end at the V01 recipe's clip size (6 frames, GT crop 256 / LQ crop 64).
 
     python benchmarks/bench_data.py --workers 2 --iters 48
+    python benchmarks/bench_data.py --cold --clips 20 --iters 12 --workers 1   # reads from the device
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ def generate(root: str, clips: int, frames: int, png_level: int) -> dict:
             "use_hflip": True, "use_rot": True, "val_partition": None}
 
 
+def evict(root: str) -> None:
+    """Drop every file under ``root`` from the page cache (flushed first), so the next pass reads from the device."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def time_loader(opt: dict, workers: int, iters: int, batch: int) -> float:
     ds = VideoRecurrentTrainDataset(opt)
     loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True,
@@ -81,7 +94,12 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=12)
     parser.add_argument("--png-level", type=int, default=3, help="PNG level of the disk frames (cv2 default 3)")
     parser.add_argument("--repeats", type=int, default=2, help="alternate disk/LMDB runs; the best is kept")
+    parser.add_argument("--cold", action="store_true",
+                        help="evict the dataset from the page cache before each run; needs --clips > --iters + "
+                             "1 + 2 * --workers so that every timed clip is read once")
     args = parser.parse_args()
+    if args.cold and args.clips <= args.iters + 1 + 2 * args.workers:
+        parser.error(f"--cold needs --clips > --iters + 1 + 2 * --workers = {args.iters + 1 + 2 * args.workers}")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as root:
         t0 = time.perf_counter()
@@ -96,11 +114,14 @@ def main() -> None:
         best = {name: 0.0 for name in backends}
         for _ in range(args.repeats):
             for name, opt in backends.items():
+                if args.cold:
+                    evict(root)
                 best[name] = max(best[name], time_loader(opt, args.workers, args.iters, args.batch))
     per = max(args.workers, 1)
     for name, rate in best.items():
         print(f"{name:5s}: {rate:7.2f} clips/s, {rate / per:6.2f} clips/s per worker "
-              f"(workers={args.workers}, 6 frames, LQ crop 64 of 180x320, GT crop 256 of 720x1280)")
+              f"(workers={args.workers}, 6 frames, LQ crop 64 of 180x320, GT crop 256 of 720x1280, "
+              f"{'cold' if args.cold else 'warm'} page cache)")
     print(f"lmdb / disk = {best['lmdb'] / best['disk']:.2f}x")
 
 
