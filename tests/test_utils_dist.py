@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -109,3 +111,24 @@ def test_a_restarted_attempt_ignores_the_dead_attempts_keys():
     assert [out.strip().splitlines()[-1] for out in first] == ["rank 0 sum 3", "rank 1 sum 3"], first
     second = _attempt(agent.port, 1, (3.0, 0.0))  # rank 0 comes up 3 s after rank 1
     assert [out.strip().splitlines()[-1] for out in second] == ["rank 0 sum 3", "rank 1 sum 3"], second
+
+
+def test_attempt_store_skips_an_entry_whose_store_is_not_this_attempts(monkeypatch):
+    """A stale entry may point at a live store (its port reused): the nonce check rejects it."""
+    agent = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    foreign = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    foreign.set("nonce", "aaaa")
+    agent.set(utils_dist.ATTEMPT_STORE_KEY, f"{foreign.port}:bbbb")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(agent.port))
+    cpu = torch.device("cpu")
+    found = {}
+    waiter = threading.Thread(target=lambda: found.update(
+        store=utils_dist._attempt_store(utils_dist.DistInfo(1, 1, 2, cpu), 30)))
+    waiter.start()
+    time.sleep(1.5)  # rank 1 is polling the stale entry
+    assert waiter.is_alive()
+    ours = utils_dist._attempt_store(utils_dist.DistInfo(0, 0, 2, cpu), 30)
+    waiter.join(30)
+    ours.set("hello", "rank 0")
+    assert found["store"].port == ours.port and found["store"].get("hello") == b"rank 0"
