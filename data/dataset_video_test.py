@@ -19,7 +19,7 @@ import torch
 import torchvision.transforms.functional as TF
 from torch.utils.data import Dataset
 
-from data.dataset_video_train import vimeo_neighbors
+from data.dataset_video_train import read_meta_lines, vimeo_neighbors
 from utils.utils_video import DataCheckError, check_problems, list_frames, read_img_seq
 
 logger = logging.getLogger(__name__)
@@ -67,13 +67,7 @@ def _subfolders(root: str, opt: dict[str, Any]) -> list[str]:
 
 def _meta_names(opt: dict[str, Any]) -> list[str]:
     path = opt["meta_info_file"]
-    try:
-        with open(path) as f:
-            names = [ln.split()[0] for ln in f if ln.strip()]
-    except OSError as err:
-        hint = ("; write it with scripts/data_preparation/generate_meta_info.py (README: 'Datasets: preparation')"
-                if isinstance(err, FileNotFoundError) else "")
-        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}{hint}") from err
+    names = [ln.split()[0] for ln in read_meta_lines(path) if ln]
     if not names:
         raise DataCheckError(f"meta_info_file {path} lists no clip")
     return names

@@ -34,10 +34,26 @@ __all__ = [
     "VideoRecurrentTrainVimeoDataset",
     "VideoRecurrentTrainVimeoVFIDataset",
     "read_meta_info",
+    "read_meta_lines",
 ]
 
 VAL_PARTITIONS = {"REDS4": ("000", "011", "015", "020"), "official": tuple(f"{v:03d}" for v in range(240, 270))}
 DEFAULT_DECODE_SAMPLES = 64
+
+
+def read_meta_lines(path: str) -> list[str]:
+    """The stripped lines of a ``meta_info_file``.
+
+    Raises:
+        DataCheckError: the file cannot be read (a missing one says which script writes it).
+    """
+    try:
+        with open(path) as f:
+            return [ln.strip() for ln in f]
+    except OSError as err:
+        hint = ("; write it with scripts/data_preparation/generate_meta_info.py (README: 'Datasets: preparation')"
+                if isinstance(err, FileNotFoundError) else "")
+        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}{hint}") from err
 
 
 def read_meta_info(path: str, fields: int) -> list[tuple[str, int, int]]:
@@ -49,13 +65,7 @@ def read_meta_info(path: str, fields: int) -> list[tuple[str, int, int]]:
     Raises:
         DataCheckError: the file is missing or a line is malformed (the line is quoted).
     """
-    try:
-        with open(path) as f:
-            lines = [ln.strip() for ln in f]
-    except OSError as err:
-        hint = ("; write it with scripts/data_preparation/generate_meta_info.py (README: 'Datasets: preparation')"
-                if isinstance(err, FileNotFoundError) else "")
-        raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}{hint}") from err
+    lines = read_meta_lines(path)
     out, bad = [], []
     for num, line in enumerate(lines, 1):
         if not line:

@@ -52,7 +52,7 @@ class RSTB(RTMSA):
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: Sequence[int], mlp_ratio: float = 2.0,
                  **kwargs: Any) -> None:
-        super().__init__(dim, depth, num_heads, tuple(window_size), mlp_ratio, **kwargs)
+        super().__init__(dim, depth, num_heads, window_size, mlp_ratio, **kwargs)
         for blk in self.residual_group.blocks:
             blk.mlp = Mlp(dim, int(dim * mlp_ratio))
             nn.init.zeros_(blk.attn.relative_position_bias_table)
