@@ -4,7 +4,7 @@ Constructor arguments, defaults, module names, parameter shapes and persistent b
 implementation, so the released ``{'params': ...}`` checkpoints (tasks 001-006) and KAIR's option files load
 with ``strict=True``. Differences from the reference, none of which changes the fp32 numerics:
 
-* guided deformable attention runs in pure PyTorch (:mod:`models.guided_deform_attn`): no CUDA build, CPU and
+* guided deformable attention runs in pure PyTorch (:mod:`models.layers_deform_attn`): no CUDA build, CPU and
   GPU, autocast-safe;
 * the mirror-extension test is done per forward (the reference sets a flag once and never resets it, so every
   later input reused backward flows), with ``torch.equal`` instead of a norm;
@@ -30,9 +30,11 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import Tensor, nn
 
-from models.guided_deform_attn import GuidedDeformAttnPack, frame_conv
-from models.network_spynet import SpyNet, flow_warp
-from models.network_vrt import RTMSA, Upsample
+from models.layers_attention import RTMSA
+from models.layers_conv import Upsample, frame_conv
+from models.layers_deform_attn import GuidedDeformAttnPack
+from models.layers_warp import flow_warp
+from models.network_spynet import SpyNet
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +44,17 @@ BRANCHES = ('backward_1', 'forward_1', 'backward_2', 'forward_2')
 class RSTB(RTMSA):
     """Residual Swin Transformer block: ``x + linear(STG(x))``, channels-last (B, D, H, W, C).
 
-    VRT's :class:`~models.network_vrt.RTMSA` (self-attention only) with RVRT's plain GELU MLP
+    VRT's :class:`~models.layers_attention.RTMSA` (self-attention only) built with RVRT's plain GELU MLP
     (``mlp.fc1``/``mlp.fc2``) and zero-initialised relative position tables, as in the reference.
 
     Args:
-        dim, depth, num_heads, window_size, mlp_ratio: see :class:`~models.network_vrt.RTMSA`.
+        dim, depth, num_heads, window_size, mlp_ratio: see :class:`~models.layers_attention.RTMSA`.
         **kwargs: ``qkv_bias``, ``qk_scale``, ``norm_layer``, ``use_checkpoint_attn``, ``use_checkpoint_ffn``.
     """
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: Sequence[int], mlp_ratio: float = 2.0,
                  **kwargs: Any) -> None:
-        super().__init__(dim, depth, num_heads, window_size, mlp_ratio, **kwargs)
-        for blk in self.residual_group.blocks:
-            blk.mlp = Mlp(dim, int(dim * mlp_ratio))
-            nn.init.zeros_(blk.attn.relative_position_bias_table)
+        super().__init__(dim, depth, num_heads, window_size, mlp_ratio, mlp_layer=Mlp, bias_table_std=0.0, **kwargs)
 
 
 class RSTBWithInputConv(nn.Module):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models.guided_deform_attn import DeformAttnPack, GuidedDeformAttnPack, deform_attn
+from models.layers_deform_attn import DeformAttnPack, GuidedDeformAttnPack, deform_attn
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torchvision
 
-from models.network_vrt import VRT, DCNv2PackFlowGuided, deform_conv3x3_sampled
+from models.layers_deform_conv import DCNv2PackFlowGuided, deform_conv3x3_sampled
+from models.network_vrt import VRT
 from tests.golden import assert_grads_close, assert_same_layout, deterministic_fill, shape_table
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'

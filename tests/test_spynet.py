@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.network_spynet import SPYNET_URL, SpyNet, flow_warp
+from models.layers_warp import flow_warp
+from models.network_spynet import SPYNET_URL, SpyNet
 from tests.golden import deterministic_fill
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'

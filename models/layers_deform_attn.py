@@ -38,6 +38,8 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from models.layers_conv import frame_conv
+
 logger = logging.getLogger(__name__)
 
 _COMPILED: dict[str, object] = {}
@@ -130,20 +132,6 @@ def _run(q: Tensor, kv_frames: Tensor, offset: Tensor, params: tuple, recompute:
     return out.to(out_dtype)
 
 
-def frame_conv(x: Tensor, conv: nn.Conv3d) -> Tensor:
-    """Apply a Conv3d whose temporal kernel size is 1 to every frame, as one 2-D convolution.
-
-    Args:
-        x: (B * T, C_in, H, W) frame-batched input.
-        conv: Conv3d with kernel (1, kh, kw) (the reference's parameter layout).
-
-    Returns:
-        (B * T, C_out, H', W').
-    """
-    return F.conv2d(x, conv.weight.squeeze(2), conv.bias, stride=conv.stride[1:], padding=conv.padding[1:],
-                    groups=conv.groups)
-
-
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ValueError(f'deform_attn: {message}')
@@ -199,7 +187,8 @@ def deform_attn(
     # query frame j of clip i attends to kv frames (j + n) % clip_size, n = 0..clip_size-1
     j = torch.arange(clip_size, device=kv.device)
     order = (j.view(-1, 1) + j.view(1, -1)) % clip_size  # (clip_j, clip_n)
-    kv_frames = kv[:, order].reshape(b, clip_size, c2, h, w)
+    # index_select, not advanced indexing: its backward (index_add) sums in a fixed order at any thread count
+    kv_frames = kv.index_select(1, order.flatten()).reshape(b, clip_size, c2, h, w)
     params = ((kernel_h, kernel_w), _pair(stride), _pair(padding), _pair(dilation), attention_heads,
               deformable_groups)
     out = _run(q.reshape(b, c, h, w), kv_frames, offset, params, recompute, compile)

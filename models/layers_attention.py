@@ -1,0 +1,426 @@
+"""3-D (shifted) window attention: the TMSA blocks of VRT, also the Swin blocks of RVRT.
+
+* features are channels-last ``(B, D, H, W, C)``;
+* attention runs through ``F.scaled_dot_product_attention`` with the relative-position bias and the shift mask
+  folded into one additive mask; shift masks are cached per size;
+* activation checkpointing is non-reentrant.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, trunc_normal_
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+Size3 = tuple[int, int, int]
+
+
+def window_partition(x: Tensor, window_size: Size3) -> Tensor:
+    """Split into non-overlapping windows.
+
+    Args:
+        x: (B, D, H, W, C), each of D, H, W divisible by the window.
+        window_size: (Wd, Wh, Ww).
+
+    Returns:
+        (B * num_windows, Wd * Wh * Ww, C), windows ordered d-major, then h, then w.
+    """
+    b, d, h, w, c = x.shape
+    wd, wh, ww = window_size
+    x = x.view(b, d // wd, wd, h // wh, wh, w // ww, ww, c)
+    return x.permute(0, 1, 3, 5, 2, 4, 6, 7).reshape(-1, wd * wh * ww, c)
+
+
+def window_reverse(windows: Tensor, window_size: Size3, b: int, d: int, h: int, w: int) -> Tensor:
+    """Inverse of :func:`window_partition`: (B * num_windows, Wd * Wh * Ww, C) -> (B, D, H, W, C)."""
+    wd, wh, ww = window_size
+    x = windows.view(b, d // wd, h // wh, w // ww, wd, wh, ww, -1)
+    return x.permute(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, d, h, w, -1)
+
+
+def get_window_size(x_size: Size3, window_size: Size3, shift_size: Size3) -> tuple[Size3, Size3]:
+    """Shrink the window (and zero the shift) along axes where the input is not larger than the window."""
+    use_window = list(window_size)
+    use_shift = list(shift_size)
+    for i, n in enumerate(x_size):
+        if n <= window_size[i]:
+            use_window[i] = n
+            use_shift[i] = 0
+    return tuple(use_window), tuple(use_shift)  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=64)
+def compute_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, device: torch.device) -> Tensor:
+    """Additive attention mask for shifted windows (0 inside a region, -100 across regions), cached per size.
+
+    Args:
+        d, h, w: padded input size, multiples of the window.
+
+    Returns:
+        (num_windows, N, N) with N = Wd * Wh * Ww.
+    """
+    img_mask = torch.zeros((1, d, h, w, 1), device=device)
+    cnt = 0
+    slices = [
+        (slice(-ws), slice(-ws, -ss), slice(-ss, None)) for ws, ss in zip(window_size, shift_size)
+    ]
+    for sd in slices[0]:
+        for sh in slices[1]:
+            for sw in slices[2]:
+                img_mask[:, sd, sh, sw, :] = cnt
+                cnt += 1
+    mask_windows = window_partition(img_mask, window_size).squeeze(-1)  # (nW, N)
+    attn_mask = mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)
+    return attn_mask.masked_fill(attn_mask != 0, -100.0).masked_fill(attn_mask == 0, 0.0)
+
+
+def relative_position_index(window_size: Size3) -> Tensor:
+    """Pair-wise relative position index into the (2Wd-1)(2Wh-1)(2Ww-1) bias table: (N, N) int64."""
+    coords = torch.stack(torch.meshgrid(*[torch.arange(n) for n in window_size], indexing='ij')).flatten(1)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (N, N, 3)
+    rel = rel + torch.tensor([n - 1 for n in window_size])
+    strides = torch.tensor([(2 * window_size[1] - 1) * (2 * window_size[2] - 1), 2 * window_size[2] - 1, 1])
+    return (rel * strides).sum(-1)
+
+
+def sine_position_encoding(hw: tuple[int, int], num_pos_feats: int, temperature: float = 10000.0) -> Tensor:
+    """Normalised 2-D sine position encoding (DETR style) over an (H, W) grid.
+
+    Returns:
+        (1, H * W, 2 * num_pos_feats): y features then x features, each interleaving sin/cos.
+    """
+    scale, eps = 2 * math.pi, 1e-6
+    ones = torch.ones(1, hw[0], hw[1])
+    y_embed = ones.cumsum(1, dtype=torch.float32)
+    x_embed = ones.cumsum(2, dtype=torch.float32)
+    y_embed = y_embed / (y_embed[:, -1:, :] + eps) * scale
+    x_embed = x_embed / (x_embed[:, :, -1:] + eps) * scale
+    dim_t = torch.arange(num_pos_feats, dtype=torch.float32)
+    dim_t = temperature ** (2 * (dim_t // 2) / num_pos_feats)
+    pos_x = x_embed[:, :, :, None] / dim_t
+    pos_y = y_embed[:, :, :, None] / dim_t
+    pos_x = torch.stack((pos_x[:, :, :, 0::2].sin(), pos_x[:, :, :, 1::2].cos()), dim=4).flatten(3)
+    pos_y = torch.stack((pos_y[:, :, :, 0::2].sin(), pos_y[:, :, :, 1::2].cos()), dim=4).flatten(3)
+    return torch.cat((pos_y, pos_x), dim=3).flatten(1, 2).contiguous()
+
+
+class MlpGEGLU(nn.Module):
+    """Gated MLP: ``fc2(GELU(fc11(x)) * fc12(x))``, channels-last (..., C) -> (..., C_out)."""
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None):
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        self.fc11 = nn.Linear(in_features, hidden_features)
+        self.fc12 = nn.Linear(in_features, hidden_features)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_features, out_features or in_features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., C_in) -> (..., C_out)."""
+        return self.fc2(self.act(self.fc11(x)) * self.fc12(x))
+
+
+class _BiasedAttention(torch.autograd.Function):
+    """Attention with a trainable additive bias that stores no (N x N) matrix for backward.
+
+    Forward is ``F.scaled_dot_product_attention`` (the fused kernel); backward recomputes the probabilities per
+    sample and chunk of the head axis (FlashAttention's recipe, with the row term ``rowsum(dO * O)``) and returns
+    the gradients of q, k, v and the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
+    """
+
+    _CHUNK_ELEMENTS = 1 << 21  # about 8 MB of fp32 scores per chunk
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+        # detached, so the kernel choice does not see requires_grad (which would force the math fallback)
+        out = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), attn_mask=bias.detach(), scale=scale)
+        ctx.save_for_backward(q, k, v, bias, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, bias, out = ctx.saved_tensors
+        scale = ctx.scale
+        b, heads, n, _ = q.shape
+        grad_out = grad_out.contiguous()
+        row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, N, 1) = rowsum(dP * P)
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grad_bias = torch.zeros_like(bias)
+        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))
+        for i in range(b):
+            for h0 in range(0, heads, step):
+                hs = slice(h0, min(h0 + step, heads))
+                qh, kh, vh, go = q[i, hs], k[i, hs], v[i, hs], grad_out[i, hs]
+                probs = torch.baddbmm(bias[0, hs], qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
+                torch.bmm(probs.transpose(-2, -1), go, out=grad_v[i, hs])
+                grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[i, hs]).mul_(probs)  # dL/dscores
+                grad_bias[0, hs] += grad_s
+                torch.bmm(grad_s, kh, out=grad_q[i, hs]).mul_(scale)
+                torch.bmm(grad_s.transpose(-2, -1), qh, out=grad_k[i, hs]).mul_(scale)
+        return grad_q, grad_k, grad_v, grad_bias, None
+
+
+class WindowAttention(nn.Module):
+    """Window self-attention with relative position bias, plus optional mutual attention between frame pairs.
+
+    Args:
+        dim: channels.
+        window_size: (Wd, Wh, Ww); mutual attention needs Wd == 2.
+        num_heads: attention heads.
+        qkv_bias: bias in the q/k/v projections.
+        qk_scale: overrides head_dim ** -0.5.
+        mut_attn: add mutual attention (frame 1 <-> frame 2 of each window) with a sine position bias.
+        bias_table_std: std of the truncated-normal init of the relative position bias table (0: zeros, RVRT's).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        window_size: Size3,
+        num_heads: int,
+        qkv_bias: bool = False,
+        qk_scale: float | None = None,
+        mut_attn: bool = True,
+        bias_table_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.window_size = tuple(window_size)
+        self.num_heads = num_heads
+        self.scale = qk_scale or (dim // num_heads) ** -0.5
+        self.mut_attn = mut_attn
+        table_size = (2 * window_size[0] - 1) * (2 * window_size[1] - 1) * (2 * window_size[2] - 1)
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(table_size, num_heads))
+        self.register_buffer('relative_position_index', relative_position_index(self.window_size))
+        self.qkv_self = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        if mut_attn:
+            self.register_buffer('position_bias', sine_position_encoding(self.window_size[1:], dim // 2))
+            self.qkv_mut = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(2 * dim if mut_attn else dim, dim)
+        if bias_table_std > 0:
+            trunc_normal_(self.relative_position_bias_table, std=bias_table_std)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, num_windows: int) -> Tensor:
+        """Attention over windows.
+
+        q, k, v: (B * nW, ..., h, n, hd); bias: (nW or 1, ..., h or 1, n, n) additive, or None.
+        The window axis is folded into the head axis, so the problem is 4-D with a mask broadcast over the batch:
+        ``F.scaled_dot_product_attention`` then takes its fused kernels (flash on CPU, memory-efficient on CUDA).
+        The CPU flash kernel cannot give the gradient of a trainable mask (the relative position bias) and its
+        math fallback stores the (B, heads, N, N) probabilities; :class:`_BiasedAttention` covers that case.
+        """
+        shape = q.shape
+        n = shape[-2]
+        if bias is None:
+            fold = (shape[0], -1, n, shape[-1])
+            mask = None
+        else:
+            fold = (shape[0] // num_windows, -1, n, shape[-1])
+            mask = bias.expand(num_windows, *shape[1:-1], n).reshape(1, -1, n, n).to(q.dtype)
+        q, k, v = q.reshape(fold), k.reshape(fold), v.reshape(fold)
+        if mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled():
+            out = _BiasedAttention.apply(q, k, v, mask, self.scale)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        return out.view(shape)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Attention inside each window.
+
+        Args:
+            x: (B * nW, N, C) window tokens.
+            mask: (nW, N_full, N_full) shift mask (0 / -100), or None.
+
+        Returns:
+            (B * nW, N, C).
+        """
+        b_, n, c = x.shape
+        h = self.num_heads
+        qkv = self.qkv_self(x).view(b_, n, 3, h, c // h).permute(2, 0, 3, 1, 4)  # (3, B_, h, N, hd)
+        # index_select, not table[index]: the backward of advanced indexing accumulates with atomic adds on the CPU
+        # (a different sum order at each run with several threads); index_select's backward sums in a fixed order
+        index = self.relative_position_index[:n, :n].reshape(-1)
+        rel_bias = self.relative_position_bias_table.index_select(0, index)
+        bias = rel_bias.view(n, n, h).permute(2, 0, 1).unsqueeze(0)  # (1, h, N, N)
+        num_windows = 1
+        if mask is not None:
+            num_windows = mask.shape[0]
+            bias = bias + mask[:, None, :n, :n]
+        out = self._attend(qkv[0], qkv[1], qkv[2], bias, num_windows)  # (B_, h, N, hd)
+        out = out.transpose(1, 2).reshape(b_, n, c)
+
+        if self.mut_attn:
+            half = n // 2
+            xm = x + self.position_bias.repeat(1, 2, 1)
+            qkv = self.qkv_mut(xm).view(b_, 2, half, 3, h, c // h).permute(3, 0, 1, 4, 2, 5)  # (3, B_, 2, h, n/2, hd)
+            q, k, v = qkv[0].flip(1), qkv[1], qkv[2]  # frame 2 queries frame 1, frame 1 queries frame 2
+            mut_mask = None if mask is None else mask[:, None, None, :half, :half]
+            mut = self._attend(q, k, v, mut_mask, num_windows)  # (B_, 2, h, n/2, hd)
+            mut = mut.permute(0, 1, 3, 2, 4).reshape(b_, n, c)
+            out = torch.cat([mut, out], dim=2)
+        return self.proj(out)
+
+
+class TMSA(nn.Module):
+    """Temporal mutual self-attention block (pre-norm attention + GEGLU MLP), channels-last.
+
+    Args:
+        dim: channels.
+        num_heads: attention heads.
+        window_size: (Wd, Wh, Ww).
+        shift_size: cyclic shift per axis, each below the window.
+        mut_attn: use mutual + self attention.
+        mlp_ratio: hidden / dim in the MLP.
+        qkv_bias, qk_scale: see :class:`WindowAttention`.
+        drop_path: stochastic depth rate.
+        norm_layer: normalisation class.
+        use_checkpoint_attn, use_checkpoint_ffn: activation checkpointing (non-reentrant) of each half.
+        mlp_layer: ``mlp_layer(dim, hidden)`` builds the MLP (VRT: GEGLU; RVRT: timm's GELU ``Mlp``).
+        bias_table_std: see :class:`WindowAttention`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: Size3 = (6, 8, 8),
+        shift_size: Size3 = (0, 0, 0),
+        mut_attn: bool = True,
+        mlp_ratio: float = 2.0,
+        qkv_bias: bool = True,
+        qk_scale: float | None = None,
+        drop_path: float = 0.0,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+        use_checkpoint_attn: bool = False,
+        use_checkpoint_ffn: bool = False,
+        mlp_layer: Callable[[int, int], nn.Module] = MlpGEGLU,
+        bias_table_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.window_size = tuple(window_size)
+        self.shift_size = tuple(shift_size)
+        if not all(0 <= s < w for s, w in zip(self.shift_size, self.window_size)):
+            raise ValueError(f'shift_size {shift_size} must lie in [0, window_size {window_size})')
+        self.use_checkpoint_attn = use_checkpoint_attn
+        self.use_checkpoint_ffn = use_checkpoint_ffn
+        self.norm1 = norm_layer(dim)
+        self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, qk_scale, mut_attn, bias_table_std)
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio))
+
+    def _attn_part(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        b, d, h, w, _ = x.shape
+        window, shift = get_window_size((d, h, w), self.window_size, self.shift_size)
+        x = self.norm1(x)
+        pad_d, pad_h, pad_w = ((ws - n % ws) % ws for n, ws in zip((d, h, w), window))
+        if pad_d or pad_h or pad_w:
+            x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h, 0, pad_d))
+        dp, hp, wp = d + pad_d, h + pad_h, w + pad_w
+        shifted = any(s > 0 for s in shift)
+        if shifted:
+            x = torch.roll(x, shifts=tuple(-s for s in shift), dims=(1, 2, 3))
+        windows = self.attn(window_partition(x, window), mask=mask if shifted else None)
+        x = window_reverse(windows, window, b, dp, hp, wp)
+        if shifted:
+            x = torch.roll(x, shifts=shift, dims=(1, 2, 3))
+        if pad_d or pad_h or pad_w:
+            x = x[:, :d, :h, :w, :]
+        return self.drop_path(x)
+
+    def _ffn_part(self, x: Tensor) -> Tensor:
+        return self.drop_path(self.mlp(self.norm2(x)))
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x: (B, D, H, W, C); mask: cached shift mask for the padded size. Returns (B, D, H, W, C)."""
+        grad = torch.is_grad_enabled()
+        if self.use_checkpoint_attn and grad:
+            x = x + checkpoint(self._attn_part, x, mask, use_reentrant=False)
+        else:
+            x = x + self._attn_part(x, mask)
+        if self.use_checkpoint_ffn and grad:
+            x = x + checkpoint(self._ffn_part, x, use_reentrant=False)
+        else:
+            x = x + self._ffn_part(x)
+        return x
+
+
+class TMSAG(nn.Module):
+    """A group of TMSA blocks alternating unshifted and shifted (half-window) windows.
+
+    Args:
+        dim, depth, num_heads: channels, blocks, heads.
+        window_size: (Wd, Wh, Ww).
+        mut_attn: mutual attention in every block.
+        drop_path: one rate per block (or one for all).
+        Other arguments: see :class:`TMSA`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        window_size: Size3,
+        mut_attn: bool = True,
+        mlp_ratio: float = 2.0,
+        qkv_bias: bool = False,
+        qk_scale: float | None = None,
+        drop_path: float | Sequence[float] = 0.0,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+        use_checkpoint_attn: bool = False,
+        use_checkpoint_ffn: bool = False,
+        mlp_layer: Callable[[int, int], nn.Module] = MlpGEGLU,
+        bias_table_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.window_size = tuple(window_size)
+        self.shift_size = tuple(w // 2 for w in self.window_size)
+        rates = list(drop_path) if isinstance(drop_path, Sequence) else [drop_path] * depth
+        self.blocks = nn.ModuleList([
+            TMSA(
+                dim, num_heads, self.window_size, (0, 0, 0) if i % 2 == 0 else self.shift_size, mut_attn,
+                mlp_ratio, qkv_bias, qk_scale, rates[i], norm_layer, use_checkpoint_attn, use_checkpoint_ffn,
+                mlp_layer, bias_table_std,
+            )
+            for i in range(depth)
+        ])
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, D, H, W, C) -> (B, D, H, W, C)."""
+        _, d, h, w, _ = x.shape
+        window, shift = get_window_size((d, h, w), self.window_size, self.shift_size)
+        padded = tuple(math.ceil(n / ws) * ws for n, ws in zip((d, h, w), window))
+        mask = compute_mask(*padded, window, shift, x.device) if len(self.blocks) > 1 else None
+        for blk in self.blocks:
+            x = blk(x, mask)
+        return x
+
+
+class RTMSA(nn.Module):
+    """Residual TMSA group (stage 8): ``x + linear(TMSAG(x))`` with self-attention only, channels-last.
+
+    Args:
+        dim, depth, num_heads, window_size, mlp_ratio: see :class:`TMSAG`.
+        qkv_bias: bias in the qkv projection (on by default here, unlike :class:`TMSAG`).
+        **kwargs: ``qk_scale``, ``drop_path``, ``norm_layer``, ``use_checkpoint_attn``, ``use_checkpoint_ffn``,
+            ``mlp_layer``, ``bias_table_std``.
+    """
+
+    def __init__(self, dim: int, depth: int, num_heads: int, window_size: Size3, mlp_ratio: float = 2.0,
+                 qkv_bias: bool = True, **kwargs: Any) -> None:
+        super().__init__()
+        self.residual_group = TMSAG(dim, depth, num_heads, window_size, mut_attn=False, mlp_ratio=mlp_ratio,
+                                    qkv_bias=qkv_bias, **kwargs)
+        self.linear = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, D, H, W, C) -> (B, D, H, W, C)."""
+        return x + self.linear(self.residual_group(x))

@@ -1,0 +1,113 @@
+"""Flow-guided deformable convolution of VRT's parallel warping (torchvision's kernel or a sampled formulation)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Modulated deformable 3x3 convolution (stride 1, padding 1) as bilinear sampling plus one matmul.
+
+    Same semantics as ``torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)``,
+    including implicit weight groups (``x`` may have a multiple of ``weight``'s input channels) and zero
+    contribution from samples outside the image.
+
+    Args:
+        x: (N, C_in, H, W).
+        offset: (N, 2 * G * 9, H, W), per offset group and kernel point (dy, dx).
+        mask: (N, G * 9, H, W) modulation.
+        weight: (C_out, C_in / groups, 3, 3).
+        bias: (C_out,).
+
+    Returns:
+        (N, C_out, H, W).
+    """
+    n, cin, h, w = x.shape
+    cout, cin_g, kh, kw = weight.shape
+    groups, off_groups, points = cin // cin_g, mask.shape[1] // (kh * kw), kh * kw
+    ky, kx = torch.meshgrid(torch.arange(kh, dtype=x.dtype, device=x.device) - kh // 2,
+                            torch.arange(kw, dtype=x.dtype, device=x.device) - kw // 2, indexing='ij')
+    off = offset.view(n, off_groups, points, 2, h, w)
+    py = torch.arange(h, dtype=x.dtype, device=x.device).view(h, 1) + ky.reshape(points, 1, 1) + off[:, :, :, 0]
+    px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + off[:, :, :, 1]
+    grid = torch.stack((2.0 * px / max(w - 1, 1) - 1.0, 2.0 * py / max(h - 1, 1) - 1.0), dim=-1)
+    cols = F.grid_sample(x.view(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * h, w, 2),
+                         mode='bilinear', padding_mode='zeros', align_corners=True)
+    cols = cols.view(n, off_groups, cin // off_groups, points, h, w) * mask.view(n, off_groups, 1, points, h, w)
+    out = torch.matmul(weight.view(groups, cout // groups, cin_g * points), cols.view(n, groups, cin_g * points, h * w))
+    return out.view(n, cout, h, w) + bias.view(1, cout, 1, 1)
+
+
+class DCNv2PackFlowGuided(nn.Module):
+    """Flow-guided deformable alignment of 1-3 neighbours (BasicVSR++ style), frame-batched.
+
+    Args:
+        channels: feature channels C (in and out).
+        deformable_groups: offset groups over all neighbours together (divisible by pa_frames // 2).
+        max_residue_magnitude: bound on the learned offset residue around the flow.
+        pa_frames: 2, 4 or 6 (1, 2 or 3 neighbours per direction).
+    """
+
+    def __init__(self, channels: int, deformable_groups: int = 16, max_residue_magnitude: float = 10,
+                 pa_frames: int = 2) -> None:
+        super().__init__()
+        self.max_residue_magnitude = max_residue_magnitude
+        self.pa_frames = pa_frames
+        c = channels
+        self.weight = nn.Parameter(torch.empty(c, c, 3, 3))
+        self.bias = nn.Parameter(torch.zeros(c))
+        self.conv_offset = nn.Sequential(
+            nn.Conv2d((1 + pa_frames // 2) * c + pa_frames, c, 3, 1, 1),
+            nn.LeakyReLU(negative_slope=0.1, inplace=True),
+            nn.Conv2d(c, c, 3, 1, 1),
+            nn.LeakyReLU(negative_slope=0.1, inplace=True),
+            nn.Conv2d(c, c, 3, 1, 1),
+            nn.LeakyReLU(negative_slope=0.1, inplace=True),
+            nn.Conv2d(c, 27 * deformable_groups, 3, 1, 1),
+        )
+        # 'auto': the grid_sample formulation on CPU (several times faster than torchvision's CPU kernel,
+        # especially backward), torchvision's kernel elsewhere (it does not store the sampled columns)
+        self.impl = 'auto'
+        stdv = 1.0 / math.sqrt(c * 9)
+        nn.init.uniform_(self.weight, -stdv, stdv)
+        nn.init.zeros_(self.conv_offset[-1].weight)
+        nn.init.zeros_(self.conv_offset[-1].bias)
+
+    def forward(self, neighbours: Tensor, warped: Tensor, current: Tensor, flows: Tensor) -> Tensor:
+        """Align neighbours to the current frame.
+
+        Args:
+            neighbours: (N, K*C, H, W) unwarped neighbours, K = pa_frames // 2.
+            warped: (N, K*C, H, W) the neighbours flow-warped to the current frame.
+            current: (N, C, H, W).
+            flows: (N, K*2, H, W) flows (dx, dy) per neighbour.
+
+        Returns:
+            (N, C, H, W) aligned features.
+        """
+        out = self.conv_offset(torch.cat([warped, current, flows], dim=1))
+        o1, o2, mask = torch.chunk(out, 3, dim=1)
+        offset = self.max_residue_magnitude * torch.tanh(torch.cat((o1, o2), dim=1))
+        k = self.pa_frames // 2
+        # each neighbour's chunk of offsets gets its flow, flipped to (dy, dx) and repeated per point/group
+        n, _, h, w = offset.shape
+        offset = offset.view(n, k, -1, 2, h, w) + flows.view(n, k, 1, 2, h, w).flip(3)
+        offset = offset.view(n, -1, h, w)
+        impl = self.impl if self.impl != 'auto' else ('sampled' if offset.device.type == 'cpu' else 'torchvision')
+        with torch.autocast(device_type=offset.device.type, enabled=False):
+            args = (neighbours.float(), offset.float(), torch.sigmoid(mask.float()), self.weight.float(),
+                    self.bias.float())
+            if impl == 'torchvision':
+                x, offset, mask, weight, bias = args
+                return torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)
+            if impl != 'sampled':
+                raise ValueError(f"DCNv2PackFlowGuided.impl must be 'auto', 'torchvision' or 'sampled', got {impl!r}")
+            if torch.is_grad_enabled():  # recompute the sampled columns in backward instead of storing them
+                return checkpoint(deform_conv3x3_sampled, *args, use_reentrant=False)
+            return deform_conv3x3_sampled(*args)
