@@ -1,8 +1,11 @@
-"""Test dataset over video files (mp4/avi/mkv/mov/...), read with OpenCV, one item per video.
+"""Test dataset over video files (mp4/avi/mkv/mov/...), read with PyAV (:mod:`utils.utils_video_file`), one item
+per video, plus the ``--save_video`` writer of ``main_test_vrt.py``.
 
 Items follow the test-dataset contract: ``{'L': (T, C, h, w), 'H': (T, 3, H, W) (when a GT video is given),
-'folder': <video stem>, 'lq_path': [...], 'gt_path': [...], 'fps': float}``, float32 RGB in [0, 1]. The frame
-"paths" are ``<stem>/<index:08d>`` names, used to name the output frames.
+'folder': <video stem>, 'lq_path': [...], 'gt_path': [...]}``, float32 RGB in [0, 1], plus what a caller needs to
+write the result as a video like the input: ``'fps'`` (exact, a :class:`~fractions.Fraction`), ``'has_audio'``
+and ``'video_path'`` (the LQ file, the source of the audio). The frame "paths" are ``<stem>/<index:08d>``
+names, used to name the output frames.
 """
 
 from __future__ import annotations
@@ -10,20 +13,22 @@ from __future__ import annotations
 import glob
 import logging
 import os
+from fractions import Fraction
 from typing import Any
 
-import cv2
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from data.dataset_video_test import add_noise
+from utils.utils_video_file import VideoFileError, VideoReader, VideoWriter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VIDEO_EXTENSIONS", "VideoFileTestDataset", "is_video_file", "read_video", "write_video"]
+__all__ = ["VIDEO_EXTENSIONS", "VideoFileTestDataset", "is_video_file", "list_videos", "read_video",
+           "write_clip_video", "write_video"]
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv")
+SAVE_VIDEO_CRF = 18  # x264's "visually lossless" setting
 
 
 def is_video_file(path: str) -> bool:
@@ -38,56 +43,84 @@ def list_videos(root: str) -> list[str]:
     return sorted(p for p in glob.glob(os.path.join(glob.escape(root), "*")) if is_video_file(p))
 
 
-def read_video(path: str) -> tuple[torch.Tensor, float]:
+def read_video(path: str) -> tuple[torch.Tensor, Fraction]:
     """Decode a whole video.
 
     Returns:
-        ``(T, 3, H, W)`` float32 RGB in [0, 1] and the frame rate (25 when the container does not say).
+        ``(T, 3, H, W)`` float32 RGB in [0, 1] and the exact frame rate.
+
+    Raises:
+        VideoFileError: unreadable, not a video, zero frames or a frame size that changes (naming the file).
     """
-    cap = cv2.VideoCapture(path)
-    if not cap.isOpened():
-        raise OSError(f"cannot open video {path!r} (unreadable or unsupported by OpenCV)")
-    fps = cap.get(cv2.CAP_PROP_FPS) or 25.0
-    frames = []
-    try:
-        while True:
-            ok, frame = cap.read()
-            if not ok:
-                break
-            frames.append(torch.from_numpy(np.ascontiguousarray(frame[..., ::-1])).permute(2, 0, 1))
-    finally:
-        cap.release()
-    if not frames:
-        raise OSError(f"video {path!r} has no decodable frame")
-    return torch.stack(frames).float().div_(255.0), float(fps)
+    with VideoReader(path) as reader:
+        return _decode(reader), reader.fps
 
 
-def write_video(path: str, frames: torch.Tensor, fps: float = 25.0) -> None:
-    """Encode ``frames`` ``(T, 3, H, W)`` RGB in [0, 1] (clamped, rounded) to ``path``; the codec follows the
-    extension (mp4v for .mp4/.mov, MJPG for .avi, XVID otherwise)."""
-    ext = os.path.splitext(path)[1].lower()
-    fourcc = {".mp4": "mp4v", ".mov": "mp4v", ".m4v": "mp4v", ".avi": "MJPG"}.get(ext, "XVID")
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    h, w = frames.shape[-2:]
-    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
-    if not writer.isOpened():
-        raise OSError(f"cannot write video {path!r} with codec {fourcc}")
-    try:
-        data = frames.detach().float().clamp(0, 1).mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
-        for frame in data:
-            writer.write(np.ascontiguousarray(frame[..., ::-1]))
-    finally:
-        writer.release()
+def _decode(reader: VideoReader) -> torch.Tensor:
+    frames = [torch.from_numpy(frame) for frame in reader]  # uint8: a quarter of the float clip
+    out = torch.empty(len(frames), 3, *frames[0].shape[:2])
+    for i, frame in enumerate(frames):
+        out[i] = frame.permute(2, 0, 1)
+    return out.div_(255.0)
+
+
+def write_video(path: str, frames: torch.Tensor, fps: Fraction | float | int = 25, codec: str | None = None,
+                crf: int | None = None, audio_from: str | None = None) -> None:
+    """Encode ``frames`` ``(T, 3, H, W)`` RGB in [0, 1] (clamped, rounded) to ``path`` atomically.
+
+    The codec follows the extension unless given (``.mkv`` -> lossless FFV1, ``.mp4``/``.mov`` -> H.264); see
+    :class:`utils.utils_video_file.VideoWriter` for ``codec``, ``crf`` and ``audio_from``.
+    """
+    with VideoWriter(path, fps, codec=codec, crf=crf, audio_from=audio_from) as writer:
+        for frame in frames:
+            writer.write(frame)
+
+
+def write_clip_video(save_dir: str, clip: str, frames: torch.Tensor, fps: Fraction | float | int = 25,
+                     audio_from: str | None = None) -> str:
+    """``--save_video``: write a restored clip as a video people can play and share.
+
+    ``<save_dir>/<clip>.mp4`` in H.264 (CRF 18, 4:2:0), which every player and browser opens; the exact frames
+    are ``--save_result``'s PNGs. H.264 4:2:0 cannot store an odd frame size, so such a clip goes to a lossless
+    ``<clip>.mkv`` (FFV1) instead. The frame rate and the audio of ``audio_from`` (the input video) are kept.
+
+    Args:
+        save_dir: output folder.
+        clip: the clip name (the file stem).
+        frames: ``(T, 3, H, W)`` RGB in [0, 1].
+        fps: frame rate of the output.
+        audio_from: a file whose audio track is copied over (``None``: no audio).
+
+    Returns:
+        The path written.
+    """
+    height, width = frames.shape[-2:]
+    if height % 2 or width % 2:
+        path = os.path.join(save_dir, f"{clip}.mkv")
+        logger.warning("%s: the frame size %dx%d is odd, which H.264 (4:2:0) cannot store; writing lossless FFV1",
+                       path, width, height)
+        write_video(path, frames, fps, audio_from=audio_from)
+    else:
+        path = os.path.join(save_dir, f"{clip}.mp4")
+        write_video(path, frames, fps, codec="h264", crf=SAVE_VIDEO_CRF, audio_from=audio_from)
+    return path
 
 
 class VideoFileTestDataset(Dataset):
     """One item per LQ video file, with the matching GT video (same file name) when ``dataroot_gt`` is given.
+
+    Every video is opened when the dataset is built, so an unreadable file or one without a video stream is
+    reported up front; the frames are decoded lazily, one clip per item.
 
     Args:
         opt: ``dataroot_lq`` (a video file or a directory of them), ``dataroot_gt`` (optional: a video file or a
             directory holding videos of the same names), ``sigma`` (0-255; with GT and ``sigma > 0`` the input is
             GT plus Gaussian noise of that level, seeded by 0, with the sigma map as a 4th channel, like
             ``VideoRecurrentTestDataset``).
+
+    Raises:
+        FileNotFoundError: no LQ video, or GT videos missing.
+        VideoFileError: a file that is not a readable video (its path in the message).
     """
 
     def __init__(self, opt: dict[str, Any]) -> None:
@@ -109,6 +142,8 @@ class VideoFileTestDataset(Dataset):
                 missing = [p for p in self.gt_files if not os.path.isfile(p)]
                 if missing:
                     raise FileNotFoundError(f"GT videos missing for {len(missing)} LQ video(s), e.g. {missing[0]}")
+        for path in self.lq_files + [p for p in self.gt_files if p is not None]:
+            VideoReader(path).close()  # raises VideoFileError naming an unreadable file
         self.sigma = float(opt.get("sigma", 0) or 0) / 255.0
 
     def __len__(self) -> int:
@@ -117,12 +152,14 @@ class VideoFileTestDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         lq_file, gt_file = self.lq_files[index], self.gt_files[index]
         stem = os.path.splitext(os.path.basename(lq_file))[0]
-        lq, fps = read_video(lq_file)
-        item: dict[str, Any] = {"folder": stem, "fps": fps}
+        with VideoReader(lq_file) as reader:
+            lq = _decode(reader)
+            item: dict[str, Any] = {"folder": stem, "fps": reader.fps, "has_audio": reader.has_audio,
+                                    "video_path": lq_file}
         if gt_file is not None:
             gt, _ = read_video(gt_file)
             if gt.shape[0] != lq.shape[0]:
-                raise ValueError(f"{lq_file} has {lq.shape[0]} frames but {gt_file} has {gt.shape[0]}")
+                raise VideoFileError(f"{lq_file} has {lq.shape[0]} frames but its GT {gt_file} has {gt.shape[0]}")
             item["H"] = gt
             if self.sigma:
                 lq = add_noise(gt, self.sigma, seed=0)

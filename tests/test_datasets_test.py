@@ -159,3 +159,21 @@ def test_unreadable_image_is_named(tmp_path):
     with pytest.raises(DataCheckError, match="size mismatch"):
         VideoRecurrentTrainDataset(opt)
     assert NFRAMES == 8
+
+
+def test_video_file_dataset_through_the_registry(tmp_path):
+    from data.dataset_video_file import write_video
+    from tests.video_helpers import FPS
+
+    gt = torch.rand(3, 3, 16, 20, generator=torch.Generator().manual_seed(0))
+    write_video(str(tmp_path / "gt" / "clip.mkv"), gt, fps=FPS)
+    write_video(str(tmp_path / "lq" / "clip.mkv"), gt[..., ::2, ::2], fps=FPS)
+    (tmp_path / "lq" / "notes.mp4").write_text("not a video")
+    opt = {"dataset_type": "VideoFileTestDataset", "dataroot_gt": str(tmp_path / "gt"),
+           "dataroot_lq": str(tmp_path / "lq")}
+    with pytest.raises(ValueError, match=r"notes\.mp4: cannot open as a video"):  # checked when built
+        define_Dataset({**opt, "dataroot_gt": None})
+    os.remove(tmp_path / "lq" / "notes.mp4")
+    out = define_Dataset(opt)[0]
+    assert out["L"].shape == (3, 3, 8, 10) and out["fps"] == FPS and not out["has_audio"]
+    torch.testing.assert_close(out["H"], gt.mul(255).round().div(255), rtol=0, atol=1e-7)  # lossless FFV1

@@ -21,6 +21,7 @@ from models.model_zoo import TASKS, TaskSpec
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
 from tests.helpers import ROOT, TINY_OPT, base_env
+from tests.video_helpers import FPS, audio_packets, write_sine
 from utils import utils_test
 from utils.utils_image import frame_metrics, imread_rgb, imwrite_rgb
 
@@ -66,9 +67,10 @@ def workspace(tmp_path_factory):
             imwrite_rgb(str(tmp / "gt" / clip / f"{t:08d}.png"), gt[t])
             imwrite_rgb(str(tmp / "lq" / clip / f"frame{t:03d}.png"), lq[t].clamp(0, 1))
     gt = _smooth_frames(gen, 3, 192)
-    write_video(str(tmp / "videos_gt" / "walk.avi"), gt)
+    write_video(str(tmp / "videos_gt" / "walk.avi"), gt, fps=FPS)  # .avi: lossless FFV1
     lq = torch.nn.functional.interpolate(gt, scale_factor=0.25, mode="bicubic", align_corners=False)
-    write_video(str(tmp / "videos_lq" / "walk.avi"), lq)
+    write_sine(str(tmp / "walk.wav"), float(3 / FPS))
+    write_video(str(tmp / "videos_lq" / "walk.avi"), lq, fps=FPS, audio_from=str(tmp / "walk.wav"))
     return {"tmp": tmp, "opt": opt_path, "ckpt": str(ckpt)}
 
 
@@ -124,8 +126,9 @@ def test_video_file_with_checkpoint(workspace) -> None:
                      "--save_video", "--save_dir", str(save_dir), "--device", "cpu"], cwd=tmp)
     assert "loading model from" in proc.stdout and "5_G.pth" in proc.stdout  # newest checkpoint of --opt
     assert sorted(os.listdir(save_dir / "walk")) == ["00000000.png", "00000001.png", "00000002.png"]
-    restored, _ = read_video(str(save_dir / "walk.mp4"))
-    assert restored.shape == (3, 3, 192, 192)
+    restored, fps = read_video(str(save_dir / "walk.mp4"))  # H.264, with the input's frame rate and audio
+    assert restored.shape == (3, 3, 192, 192) and fps == FPS
+    assert b"".join(audio_packets(str(save_dir / "walk.mp4"))) == b"".join(audio_packets(str(tmp / "walk.wav")))
     gt, _ = read_video(str(tmp / "videos_gt" / "walk.avi"))
     _check_printed_psnr(proc.stdout, str(save_dir), {"walk": [g.permute(1, 2, 0).numpy() for g in gt]})
 

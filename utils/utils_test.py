@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from data import dataset_video_test as dvt
-from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos, write_video
+from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos, write_clip_video
 from models.model_zoo import TASKS, ModelZooError, build_network, testset_url
 from models.video_inference import infer_video
 from utils import utils_checkpoint
@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opt", type=str, default=None, help="a KAIR-format option file: build the net from its netG")
     p.add_argument("--device", type=str, default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--amp", choices=sorted(AMP_DTYPES), default="none", help="autocast dtype for inference")
-    p.add_argument("--save_video", action="store_true", help="also write each clip as <save_dir>/<clip>.mp4")
+    p.add_argument("--save_video", action="store_true",
+                   help="also write each clip as <save_dir>/<clip>.mp4 (H.264, CRF 18; lossless FFV1 <clip>.mkv for "
+                        "odd frame sizes), with the input video's frame rate and audio")
     p.add_argument("--save_dir", type=str, default=None, help="output folder (default: results/<task>)")
     return p
 
@@ -236,7 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
             for name, frame in zip(names, out):
                 imwrite_rgb(os.path.join(save_dir, folder, f"{name}.png"), frame)
         if args.save_video:
-            write_video(os.path.join(save_dir, f"{folder}.mp4"), out, float(item.get("fps", 25.0)))
+            write_clip_video(save_dir, folder, out, item.get("fps", 25), audio_from=item.get("video_path"))
         gt = item.get("H")
         if gt is None:
             logger.info("Testing %-20s  (%2d/%d)", folder, idx, n)
