@@ -16,7 +16,7 @@ import os
 import sys
 
 from models.model_plain import NonFiniteLossError
-from utils import utils_dist, utils_option
+from utils import utils_dist, utils_numerics, utils_option
 from utils.utils_checkpoint import CheckpointError
 from utils.utils_dataloader import BatchSplitError, DataLoaderStallError
 from utils.utils_logger import setup_logger
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = utils_dist.world_info_from_env()[0] if "RANK" in os.environ else 0
     try:
         opt = utils_option.parse(args.opt, args.set)
+        utils_numerics.prepare_environment(opt["train"]["deterministic"])  # before anything starts cuBLAS
         dist_info = utils_dist.init_dist(opt.get("dist_backend"), opt.get("dist_timeout"))
         try:
             rank = dist_info.rank

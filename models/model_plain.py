@@ -85,7 +85,6 @@ class ModelPlain(ModelBase):
             optimizer, self.optimizer = self.optimizer, None
             state = super().load_resume(step)
             self.optimizer = optimizer
-            logger.info("train.G_optimizer_reuse is false: the optimizer starts fresh at step %d", step)
             return state
         return super().load_resume(step)
 

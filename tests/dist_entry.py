@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import main_train_vrt  # noqa: E402
@@ -49,30 +51,85 @@ _train_micro_batches = ModelPlain.train_micro_batches
 
 def _faulty_step(self, batches, step):
     """TEST_KILL_AT_STEP/TEST_KILL_RANK: SIGKILL before the step; TEST_SIGNAL_AT_STEP/TEST_SIGNAL/TEST_SIGNAL_RANK:
-    send a signal to this process during the step."""
+    send a signal during the step to this process (TEST_SIGNAL_TARGET unset), to its parent (``parent``: the
+    torchrun agent) or to the parent's process group (``group``: what Ctrl-C in a terminal does)."""
     if FIRST_ATTEMPT and step == _env_int("TEST_KILL_AT_STEP") and RANK == (_env_int("TEST_KILL_RANK") or 0):
         os.kill(os.getpid(), signal.SIGKILL)
     if step == _env_int("TEST_SIGNAL_AT_STEP") and RANK == (_env_int("TEST_SIGNAL_RANK") or 0):
-        os.kill(os.getpid(), getattr(signal, os.environ.get("TEST_SIGNAL", "SIGTERM")))
+        sig = getattr(signal, os.environ.get("TEST_SIGNAL", "SIGTERM"))
+        target = os.environ.get("TEST_SIGNAL_TARGET", "self")
+        if target == "parent":
+            os.kill(os.getppid(), sig)
+        elif target == "group":
+            os.killpg(os.getpgid(os.getppid()), sig)
+        else:
+            os.kill(os.getpid(), sig)
     return _train_micro_batches(self, batches, step)
 
 
 ModelPlain.train_micro_batches = _faulty_step
 
+# ----- crashes inside the real checkpoint write: TEST_CRASH_IN_SAVE="<step>:<file>:<point>[,...]" kills this process
+# (SIGKILL) while the real utils_checkpoint.atomic_save writes ``{step}_{file}.pth`` (file: G, E, optimizerG, state):
+#   before  - on entering atomic_save for that file (all earlier files of the step are complete and renamed);
+#   write   - inside torch.save, after part of the file's bytes have reached the temporary file;
+#   replace - after the temporary file is written and fsynced, just before os.replace.
+CRASHES = {tuple(item.split(":")[:2]): item.split(":")[2]
+           for item in os.environ.get("TEST_CRASH_IN_SAVE", "").split(",") if item}
+
+
+def _crash_point(path):
+    stem = os.path.basename(path).split(".pth")[0]
+    return CRASHES.get(tuple(stem.split("_", 1))) if "_" in stem else None
+
+
 _atomic_save = utils_checkpoint.atomic_save
+_real_torch_save = torch.save
+_real_replace = os.replace
+
+
+class _KillAfterBytes:
+    """A file proxy for torch.save that dies once ``limit`` bytes went through it."""
+
+    def __init__(self, f, limit):
+        self.f, self.limit, self.count = f, limit, 0
+
+    def write(self, data):
+        n = self.f.write(data)
+        self.count += len(data)
+        if self.count >= self.limit:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
 
 
 def _crashing_save(obj, path):
-    """TEST_CRASH_IN_SAVE=<step>: die (SIGKILL) half-way through writing that step's optimizer file."""
-    crash = _env_int("TEST_CRASH_IN_SAVE")
-    if FIRST_ATTEMPT and crash is not None and os.path.basename(path) == f"{crash}_optimizerG.pth":
-        with open(f"{path}.tmp{os.getpid()}", "wb") as f:
-            f.write(b"partial")
+    if _crash_point(path) == "before":
         os.kill(os.getpid(), signal.SIGKILL)
     return _atomic_save(obj, path)
 
 
-utils_checkpoint.atomic_save = _crashing_save
+def _torch_save(obj, f, *args, **kwargs):
+    name = getattr(f, "name", None)
+    if isinstance(name, str) and _crash_point(name.rsplit(".tmp", 1)[0]) == "write":
+        f = _KillAfterBytes(f, 64)
+    return _real_torch_save(obj, f, *args, **kwargs)
+
+
+def _replace(src, dst, *args, **kwargs):
+    if isinstance(dst, str) and dst.endswith(".pth") and _crash_point(dst) == "replace":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _real_replace(src, dst, *args, **kwargs)
+
+
+if CRASHES:
+    utils_checkpoint.atomic_save = _crashing_save
+    torch.save = _torch_save
+    os.replace = _replace
 
 
 class SleepyDataset(select_dataset.DATASETS["syntheticvideotraindataset"]):

@@ -47,10 +47,43 @@ RNG_NET: dict[str, Any] = {"net_type": "videoconvbaseline", "upscale": 4, "num_f
                            "drop_path_rate": 0.5}
 
 
-def write_opt(tmp_path, name: str = "opt.json", **sections: Any) -> str:
-    """Write a tiny option file; keyword arguments replace or update top-level sections (dicts are merged, except
-    ``netG``, which is replaced)."""
-    opt = copy.deepcopy(TINY_OPT)
+# Tiny real networks for the promises (exactness, recovery, distributed equality): a VRT denoiser with parallel
+# warping, stochastic depth, EMA, accumulation and a fix_iter phase change at step 4; 7 training clips, so epochs
+# (3 steps of 2 clips) end unevenly.
+VRT_TINY_OPT: dict[str, Any] = {
+    "task": "vrt", "model": "vrt", "scale": 1, "n_channels": 3,
+    "path": {"root": "experiments", "pretrained_netG": None},
+    "datasets": {
+        "train": {"name": "train_dataset", "dataset_type": "SyntheticVideoTrainDataset", "task": "denoise",
+                  "num_frame": 2, "gt_size": 40, "num_clips": 7, "seed": 0, "sigma_min": 0, "sigma_max": 50,
+                  "use_hflip": True, "use_rot": True, "dataloader_shuffle": True, "dataloader_num_workers": 1,
+                  "dataloader_batch_size": 2},
+    },
+    "netG": {"net_type": "vrt", "upscale": 1, "img_size": [2, 40, 40], "window_size": [2, 4, 4], "depths": [1] * 9,
+             "indep_reconsts": [], "embed_dims": [12] * 9, "num_heads": [2] * 9, "pa_frames": 2,
+             "deformable_groups": 2, "spynet_path": None, "nonblind_denoising": True, "drop_path_rate": 0.2},
+    "train": {"G_lossfn_type": "charbonnier", "G_optimizer_lr": 1e-3, "G_optimizer_betas": [0.9, 0.99],
+              "G_optimizer_reuse": True, "E_decay": 0.9, "grad_accum_steps": 2, "fix_iter": 4,
+              "fix_keys": ["spynet", "deform"], "fix_lr_mul": 0.25, "total_iter": 6, "G_scheduler_periods": 100,
+              "G_scheduler_eta_min": 1e-7, "manual_seed": 0, "checkpoint_test": 0, "checkpoint_save": 2,
+              "checkpoint_print": 1},
+}
+# A tiny x4 RVRT (guided deformable attention, SpyNet) trained under bf16 autocast.
+RVRT_TINY_OPT: dict[str, Any] = copy.deepcopy(VRT_TINY_OPT) | {
+    "task": "rvrt", "model": "rvrt", "scale": 4,
+    "netG": {"net_type": "rvrt", "upscale": 4, "clip_size": 2, "window_size": [2, 4, 4], "num_blocks": [1, 1, 1],
+             "depths": [1, 1, 1], "embed_dims": [12, 12, 12], "num_heads": [2, 2, 2],
+             "inputconv_groups": [1, 1, 1, 1, 1, 1], "deformable_groups": 2, "attention_heads": 2,
+             "attention_window": [3, 3], "spynet_path": None},
+}
+RVRT_TINY_OPT["datasets"] = {"train": {**VRT_TINY_OPT["datasets"]["train"], "task": "sr", "gt_size": 144}}
+RVRT_TINY_OPT["train"] = {**VRT_TINY_OPT["train"], "amp": "bf16"}
+
+
+def write_opt(tmp_path, name: str = "opt.json", base: dict[str, Any] | None = None, **sections: Any) -> str:
+    """Write an option file from ``base`` (default: the toy-net :data:`TINY_OPT`); keyword arguments replace or
+    update top-level sections (dicts are merged, except ``netG``, which is replaced)."""
+    opt = copy.deepcopy(TINY_OPT if base is None else base)
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(opt.get(key), dict) and key != "netG":
             _merge(opt[key], value)
@@ -76,10 +109,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def base_env(report_dir: str | None = None, **extra: str) -> dict[str, str]:
+def base_env(report_dir: str | None = None, threads: int | None = 1, **extra: str) -> dict[str, str]:
+    """The environment of a launched test process: no inherited launcher variables, the CPU, ``threads`` intra-op
+    threads (``None``: torch's default)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                           "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, VRT_DEVICE="cpu", PYTHONUNBUFFERED="1")
+                                                           "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS")}
+    env.update(PYTHONPATH=ROOT, VRT_DEVICE="cpu", PYTHONUNBUFFERED="1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     if report_dir:
         env["TEST_REPORT_DIR"] = report_dir
     env.update(extra)
@@ -106,11 +143,14 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def run(cmd: list[str], env: dict[str, str], cwd: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run(cmd: list[str], env: dict[str, str], cwd: str, timeout: float = 240,
+        new_session: bool = False) -> subprocess.CompletedProcess:
     """Run ``cmd`` to completion. Past ``timeout``, every process under it first dumps its Python stacks (SIGUSR2,
     registered by ``dist_entry.py``) and is then killed, so a hang fails with the stacks instead of leaving orphaned
-    workers behind; the result then has return code -9 and "TIMEOUT" on its stderr."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers behind; the result then has return code -9 and "TIMEOUT" on its stderr. ``new_session`` starts ``cmd`` in
+    a process group of its own (a terminal's foreground job), so a test may signal that group."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=new_session)
     try:
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -7,12 +7,8 @@ import re
 import subprocess
 import sys
 
-import pytest
-import torch
-
 from tests.helpers import (
     DIST_ENTRY,
-    RNG_NET,
     assert_ok,
     base_env,
     free_port,
@@ -93,18 +89,3 @@ def test_two_nodes_emulated(tmp_path):
     reps = reports(str(report))
     assert len(reps) == 2 and reps[0]["checksum"] == reps[1]["checksum"]
     assert "Global batch 2 = 1 per process x 2 process(es)" in outs[0]
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resume_is_bit_identical(tmp_path, workers):
-    sets = [f"datasets.train.dataloader_num_workers={workers}"]
-    opt = write_opt(tmp_path, train={"total_iter": 4, "checkpoint_save": 2}, netG=RNG_NET)
-    assert_ok(single(["--opt", opt, "--set", "task=full", *sets], base_env(), str(tmp_path)))
-    assert_ok(single(["--opt", opt, "--set", "task=part", "train.total_iter=2", *sets], base_env(), str(tmp_path)))
-    assert not os.path.exists(os.path.join(_models(tmp_path, "part"), "4_G.pth"))
-    again = single(["--opt", opt, "--set", "task=part", *sets], base_env(), str(tmp_path))
-    assert_ok(again)
-    assert "Resuming from step 2" in again.stdout
-    full = load_params(os.path.join(_models(tmp_path, "full"), "4_G.pth"))
-    part = load_params(os.path.join(_models(tmp_path, "part"), "4_G.pth"))
-    assert all(torch.equal(full[k], part[k]) for k in full)

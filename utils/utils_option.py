@@ -106,6 +106,8 @@ SCHEMA: dict[str, tuple[Any, Any]] = {
     "train.amp": (str, "none"),
     "train.grad_accum_steps": (int, 1),
     "train.compile": (bool, False),
+    "train.deterministic": (bool, True),
+    "train.tf32": (bool, False),
     "train.dataloader_timeout": (NUM, 0),
     "train.stop_on_nonfinite": (bool, True),
     "val": (dict, {}),

@@ -19,10 +19,11 @@ from data.select_dataset import define_Dataset
 from models.select_model import define_Model
 from models.select_network import is_frame_interpolation
 from utils import utils_checkpoint as ckpt
-from utils import utils_dist
+from utils import utils_dist, utils_numerics
 from utils.utils_dataloader import build_train_loader, next_batch
 from utils.utils_dist import DistInfo
 from utils.utils_download import ensure_spynet
+from utils.utils_launch import STOP_ENV
 from utils.utils_logger import TensorBoardWriter
 from utils.utils_validation import validate
 
@@ -37,14 +38,17 @@ class ResumeError(ValueError):
     """The experiment folder cannot be continued with these options."""
 
 
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 
 class StopRequest:
-    """Remembers a SIGTERM/SIGUSR1 so the loop can checkpoint at the next step boundary and exit."""
+    """Remembers a SIGTERM/SIGUSR1/SIGINT so the loop can checkpoint at the next step boundary and exit.
+
+    A second SIGINT (Ctrl-C pressed twice in a terminal) interrupts at once, as Python does by default.
+    """
 
     def __init__(self) -> None:
-        self.signal_name: str | None = None
+        self.signal_name: str | None = os.environ.get(STOP_ENV) or None
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -55,7 +59,9 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Any) -> None:
         del frame
-        self.signal_name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self.signal_name == "SIGINT":
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name  # nothing else here: a handler may interrupt logging
 
     def uninstall(self) -> None:
         for signum, handler in self._previous.items():
@@ -151,6 +157,70 @@ def _resume_step(opt: dict[str, Any]) -> int:
     return step
 
 
+# Keys that do not change the numbers a run computes: a resume may change them and stay exact.
+NON_NUMERIC_TRAIN_KEYS = ("total_iter", "checkpoint_save", "checkpoint_print", "checkpoint_test",
+                          "dataloader_timeout", "manual_seed", "G_scheduler_periods")
+NON_NUMERIC_DATASET_KEYS = ("dataloader_num_workers", "dataroot_gt", "dataroot_lq", "meta_info_file", "io_backend",
+                            "cache_data", "check_data", "check_decode_samples", "name")
+
+
+def run_descriptor(opt: dict[str, Any], dist_info: DistInfo, per_process: int, accum: int) -> dict[str, Any]:
+    """What decides the numbers of a run beyond the checkpoint's tensors (saved with every checkpoint)."""
+    t_opt = opt["train"]
+    train_opt = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
+    periods = t_opt.get("G_scheduler_periods")
+    return {"world_size": dist_info.world_size, "per_process_batch": per_process, "grad_accum_steps": accum,
+            "deterministic": bool(t_opt.get("deterministic")), "device": dist_info.device.type,
+            "threads": torch.get_num_threads(), "torch": str(torch.__version__),
+            "scheduler_periods": list(periods) if isinstance(periods, list) else periods,
+            "train": {k: v for k, v in t_opt.items() if k not in NON_NUMERIC_TRAIN_KEYS},
+            "dataset": {k: v for k, v in train_opt.items() if k not in NON_NUMERIC_DATASET_KEYS}}
+
+
+def inexact_resume_reasons(saved: dict[str, Any] | None, current: dict[str, Any], optimizer_reuse: bool) -> list[str]:
+    """Why a resume cannot continue bit-identically (empty when it can).
+
+    Args:
+        saved: the descriptor stored with the checkpoint (``None`` for checkpoints that predate it).
+        current: :func:`run_descriptor` of this run.
+        optimizer_reuse: ``train.G_optimizer_reuse``.
+    """
+    reasons = []
+    if not optimizer_reuse:
+        reasons.append("train.G_optimizer_reuse is false, so the optimizer state starts afresh (KAIR's meaning)")
+    if not current["deterministic"]:
+        reasons.append("train.deterministic is false")
+    if saved is None:
+        return reasons + ["the checkpoint does not record the settings it was trained with"]
+    if saved["world_size"] != current["world_size"]:
+        reasons.append(f"{saved['world_size']} process(es) trained the checkpoint, {current['world_size']} continue "
+                       "(per-rank random streams are re-seeded; float sums run in another order)")
+    if saved["per_process_batch"] != current["per_process_batch"]:
+        reasons.append(f"the per-process batch changed ({saved['per_process_batch']} -> "
+                       f"{current['per_process_batch']})")
+    saved_global = saved["per_process_batch"] * saved["world_size"] * saved["grad_accum_steps"]
+    current_global = current["per_process_batch"] * current["world_size"] * current["grad_accum_steps"]
+    if saved_global != current_global:
+        reasons.append(f"the global batch changed ({saved_global} -> {current_global})")
+    for key, label in (("device", "device type"), ("threads", "intra-op thread count"), ("torch", "torch version"),
+                       ("scheduler_periods", "LR schedule (G_scheduler_periods)")):
+        if saved.get(key) != current.get(key):
+            reasons.append(f"the {label} changed ({saved.get(key)} -> {current.get(key)})")
+    for section, label in (("train", "train"), ("dataset", "datasets.train")):
+        changed = sorted(k for k in set(saved[section]) | set(current[section])
+                         if saved[section].get(k) != current[section].get(k))
+        if changed:
+            reasons.append(f"the '{label}' section changed ({', '.join(changed)})")
+    return reasons
+
+
+def _epoch_items(state: dict[str, Any], per_process: int) -> int:
+    """Items of the current epoch consumed by all ranks together (older checkpoints counted per-rank batches)."""
+    if "items_in_epoch" in state:
+        return int(state["items_in_epoch"])
+    return int(state.get("batches_in_epoch", 0)) * per_process * len(state.get("rng") or [None])
+
+
 def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the training described by ``opt``.
 
@@ -164,7 +234,16 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
     Returns:
         A summary: ``{'step', 'epoch', 'best_psnr', 'best_step', 'last_val', 'stopped_by'}``.
     """
+    numerics_before = utils_numerics.current_state()
+    try:
+        return _train(opt, dist_info, on_ready)
+    finally:
+        utils_numerics.restore_state(numerics_before)
+
+
+def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None] | None) -> dict[str, Any]:
     t_opt, paths = opt["train"], opt["path"]
+    numerics = utils_numerics.apply_policy(bool(t_opt["deterministic"]), bool(t_opt["tf32"]), dist_info.device)
     start_step = _resume_step(opt)
     seed = agree_seed(t_opt)
     seed_everything(seed)  # the same initial weights on every rank and in every run with this seed
@@ -174,18 +253,13 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
     train_state: dict[str, Any] = {}
     if start_step:
         train_state = model.load_resume(start_step)
-        logger.info("Resuming from step %d (%s)", start_step, paths["models"])
     else:
         model.load_pretrained()
     seed = int(train_state.get("seed") or seed)
-    logger.info("Random seed: %d", seed)
     seed_everything(seed + dist_info.rank)
     rngs = train_state.get("rng")
     if rngs and len(rngs) == dist_info.world_size:
         ckpt.restore_rng_state(rngs[dist_info.rank])
-    elif rngs:
-        logger.warning("world size changed since the checkpoint (%d -> %d): RNG streams are re-seeded",
-                       len(rngs), dist_info.world_size)
 
     accum = int(t_opt.get("grad_accum_steps", 1))
     train_opt = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
@@ -197,16 +271,28 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
                           f"train.grad_accum_steps={accum}")
     per_process = loader.batch_size or 1
     global_batch = per_process * dist_info.world_size * accum
-    logger.info("Number of train clips: %d, iters per epoch: %d", len(train_set), len(loader) // accum)
+    descriptor = run_descriptor(opt, dist_info, per_process, accum)
     if on_ready is not None:
         on_ready()
+    logger.info("Numerics: deterministic %s, TF32 %s, cuDNN benchmark %s, AMP %s, %d intra-op thread(s)",
+                "on" if numerics["deterministic"] else "off", "on" if numerics["tf32"] else "off",
+                "on" if numerics["cudnn_benchmark"] else "off", t_opt.get("amp", "none"), torch.get_num_threads())
+    for caveat in numerics["caveats"]:
+        logger.warning("Not reproducible: %s", caveat)
+    logger.info("Random seed: %d", seed)
+    logger.info("Number of train clips: %d, iters per epoch: %d", len(train_set), len(loader) // accum)
+    if start_step:
+        logger.info("Resuming from step %d (%s)", start_step, paths["models"])
+        reasons = inexact_resume_reasons(train_state.get("run"), descriptor, bool(t_opt.get("G_optimizer_reuse")))
+        if reasons:
+            logger.warning("Resume from step %d is not bit-exact: %s", start_step, "; ".join(reasons))
     ckpt.remove_stale_temporaries(paths["models"])
 
     tb = TensorBoardWriter(paths["tensorboard"])
     stop = StopRequest()
     stop.install()
     step, epoch = start_step, int(train_state.get("epoch", 0))
-    batches_done = int(train_state.get("batches_in_epoch", 0))
+    items_done = _epoch_items(train_state, per_process)
     best = dict(train_state.get("best") or {"psnr": float("-inf"), "step": 0})
     summary: dict[str, Any] = {"stopped_by": None, "last_val": None}
     total = int(t_opt["total_iter"])
@@ -220,7 +306,8 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
         if utils_dist.is_dist():
             rng_all = [None] * dist_info.world_size
             torch.distributed.all_gather_object(rng_all, ckpt.capture_rng_state())
-        return {"epoch": epoch, "batches_in_epoch": batches_done, "seed": seed, "rng": rng_all, "best": best}
+        return {"epoch": epoch, "items_in_epoch": items_done, "seed": seed, "rng": rng_all, "best": best,
+                "run": descriptor}
 
     def run_validation() -> None:
         if test_set is None:
@@ -241,10 +328,19 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
             logger.info("Best PSNR: %.2f dB at step %d (%s)", best["psnr"], best["step"],
                         os.path.join(paths["models"], f"{best['step']}_G.pth"))
 
+    def finish(stopped_by: str | None = None) -> dict[str, Any]:
+        summary["stopped_by"] = stopped_by
+        return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"], "best_step": best["step"]}
+
     try:
-        sampler.set_position(epoch, batches_done * per_process)
+        # every global step takes the next global_batch items of the epoch's permutation, whatever the split
+        sampler.set_position(epoch, items_done // dist_info.world_size)
         if step >= total:
             logger.info("Training already finished: step %d of %d is complete in %s", step, total, paths["models"])
+        elif stop.agreed():  # a worker started after the launcher forwarded a stop request
+            logger.warning("A stop was requested before step %d: nothing to do; re-run the same command to continue",
+                           step + 1)
+            return finish(stop.signal_name or "a stop signal on another rank")
         while step < total:
             iterator = iter(loader)
             while step < total:
@@ -258,7 +354,7 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
                 if len(batches) < accum:
                     break
                 t_data = time.perf_counter() - t0
-                batches_done += accum
+                items_done += global_batch
                 step += 1
                 model.update_learning_rate(step)
                 model.train_micro_batches(iter(batches), step)
@@ -276,21 +372,20 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
                     model.save(step, state_for_save())
                     last_saved = step
                 if stopping:
-                    summary["stopped_by"] = stop.signal_name or "a stop signal on another rank"
+                    stopped_by = stop.signal_name or "a stop signal on another rank"
                     logger.warning("Stopped by %s at step %d: checkpoint saved in %s; re-run the same command to "
-                                   "continue", summary["stopped_by"], step, paths["models"])
-                    return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"],
-                            "best_step": best["step"]}
+                                   "continue", stopped_by, step, paths["models"])
+                    return finish(stopped_by)
             else:
                 break
             epoch += 1
-            batches_done = 0
+            items_done = 0
             sampler.set_position(epoch, 0)
         logger.info("Finish training.")
     finally:
         stop.uninstall()
         tb.close()
-    return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"], "best_step": best["step"]}
+    return finish()
 
 
 def _log_step(model: Any, window: list[float], timings: dict[str, float], epoch: int, step: int,

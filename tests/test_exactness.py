@@ -1,0 +1,236 @@
+"""Exactness on the real networks, with real processes at 2 intra-op threads: the same command twice, resumes,
+elastic restarts, preemption through the launcher and crashes inside the real checkpoint write all end with the
+weights, EMA, optimizer state and logged losses of an uninterrupted run, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.helpers import (
+    ROOT,
+    RVRT_TINY_OPT,
+    VRT_TINY_OPT,
+    assert_ok,
+    base_env,
+    single,
+    torchrun,
+    write_opt,
+)
+from utils.utils_checkpoint import complete_steps
+
+LOSS_RE = re.compile(r"iter:\s+([\d,]+), lr:\S+> G_loss: (\S+)")
+
+
+def _models(tmp_path, task):
+    return os.path.join(tmp_path, "experiments", task, "models")
+
+
+def _losses(tmp_path, task) -> dict[int, str]:
+    """Logged loss per step (the text, so formatting is compared too), over all runs of the task."""
+    with open(os.path.join(tmp_path, "experiments", task, "train.log")) as f:
+        return {int(m.group(1).replace(",", "")): m.group(2) for m in LOSS_RE.finditer(f.read())}
+
+
+def _state(tmp_path, task, step) -> dict[str, dict[str, torch.Tensor]]:
+    """Weights, EMA and flattened optimizer state of a checkpoint."""
+    models = _models(tmp_path, task)
+    load = lambda name: torch.load(os.path.join(models, f"{step}_{name}.pth"), weights_only=True)  # noqa: E731
+    out = {"G": load("G")["params"]}
+    if os.path.isfile(os.path.join(models, f"{step}_E.pth")):
+        out["E"] = load("E")["params_ema"]
+    opt = load("optimizerG")
+    out["optimizer"] = {f"{i}.{k}": v for i, s in opt["state"].items() for k, v in s.items()
+                        if isinstance(v, torch.Tensor)}
+    return out
+
+
+def assert_same_run(tmp_path, task_a, task_b, step):
+    a, b = _state(tmp_path, task_a, step), _state(tmp_path, task_b, step)
+    assert a.keys() == b.keys()
+    for part in a:
+        assert a[part].keys() == b[part].keys(), part
+        diff = [k for k in a[part] if not torch.equal(a[part][k], b[part][k])]
+        worst = max((float((a[part][k].double() - b[part][k].double()).abs().max()) for k in diff), default=0.0)
+        assert not diff, f"{part} differs in {len(diff)} tensors (max |diff| {worst:.3g}), e.g. {diff[:3]}"
+    assert _losses(tmp_path, task_a) == _losses(tmp_path, task_b)
+
+
+def _run(tmp_path, opt, task, *sets, threads=2, nproc=1, extra=None, **env):
+    root = os.path.join(tmp_path, "experiments")
+    args = ["--opt", opt, "--set", f"task={task}", f"path.root={root}", *sets]
+    environment = base_env(threads=threads, **env)
+    if nproc == 1:
+        return single(args, environment, str(tmp_path))
+    return torchrun(nproc, args, environment, str(tmp_path), extra=extra)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the same command twice
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("threads, workers, nproc", [(1, 0, 1), (2, 2, 1), (None, 2, 2)],
+                         ids=["1thread-0workers-1proc", "2threads-2workers-1proc", "default-threads-2workers-2procs"])
+def test_the_same_command_twice_is_bit_identical(tmp_path, threads, workers, nproc):
+    opt = write_opt(tmp_path, base=VRT_TINY_OPT, train={"total_iter": 4, "checkpoint_save": 4, "grad_accum_steps": 1},
+                    datasets={"train": {"dataloader_num_workers": workers}})
+    for task in ("a", "b"):
+        assert_ok(_run(tmp_path, opt, task, threads=threads, nproc=nproc))
+    assert_same_run(tmp_path, "a", "b", 4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# resume: VRT (EMA, accumulation 2, stochastic depth, fix_iter 4 crossed after the stop) and RVRT under bf16
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vrt_reference(tmp_path_factory):
+    """An uninterrupted 6-step VRT run (1 process, 2 threads) that the interrupted runs are compared with."""
+    tmp_path = tmp_path_factory.mktemp("vrt")
+    opt = write_opt(tmp_path, base=VRT_TINY_OPT)
+    assert_ok(_run(tmp_path, opt, "ref"))
+    return tmp_path, opt
+
+
+def _copy_reference_log(ref_path, tmp_path, task):
+    """Put the reference experiment beside the test's so the comparison helpers find both."""
+    dest = os.path.join(tmp_path, "experiments", "ref")
+    if not os.path.isdir(dest):
+        shutil.copytree(os.path.join(ref_path, "experiments", "ref"), dest)
+
+
+def test_vrt_resume_across_fix_iter_is_bit_identical(vrt_reference, tmp_path):
+    ref_path, opt = vrt_reference
+    first = _run(tmp_path, opt, "part", "train.total_iter=2")
+    assert_ok(first)
+    assert complete_steps(_models(tmp_path, "part")) == [2]
+    again = _run(tmp_path, opt, "part")
+    assert_ok(again)
+    assert "Resuming from step 2" in again.stdout and "not bit-exact" not in again.stdout
+    assert "at step 3" in again.stdout.split("Freeze")[1] and "Unfreeze" in again.stdout  # fix_iter 4 crossed
+    _copy_reference_log(ref_path, tmp_path, "part")
+    assert_same_run(tmp_path, "ref", "part", 6)
+
+
+def test_rvrt_bf16_resume_is_bit_identical(tmp_path):
+    opt = write_opt(tmp_path, base=RVRT_TINY_OPT, train={"total_iter": 4})
+    assert_ok(_run(tmp_path, opt, "ref"))
+    assert_ok(_run(tmp_path, opt, "part", "train.total_iter=2"))
+    again = _run(tmp_path, opt, "part")
+    assert_ok(again)
+    assert "Resuming from step 2" in again.stdout and "Unfreeze" in again.stdout
+    assert_same_run(tmp_path, "ref", "part", 4)
+
+
+def test_sigterm_saves_the_current_step_and_the_rerun_continues_exactly(vrt_reference, tmp_path):
+    ref_path, opt = vrt_reference
+    stopped = _run(tmp_path, opt, "term", TEST_SIGNAL_AT_STEP="3", TEST_SIGNAL="SIGTERM")
+    assert_ok(stopped)
+    assert "Stopped by SIGTERM at step 3: checkpoint saved" in stopped.stdout
+    assert complete_steps(_models(tmp_path, "term")) == [2, 3]
+    assert_ok(_run(tmp_path, opt, "term"))
+    _copy_reference_log(ref_path, tmp_path, "term")
+    assert_same_run(tmp_path, "ref", "term", 6)
+
+
+def test_crashes_inside_the_real_checkpoint_write_resume_the_previous_complete_step(vrt_reference, tmp_path):
+    """SIGKILL during torch.save of 4_G, between 4_G and 4_E, after the fsync of 4_state before its os.replace,
+    and during torch.save of 6_optimizerG: each time the newest complete checkpoint is the one resumed."""
+    ref_path, opt = vrt_reference
+    models = _models(tmp_path, "crash")
+    for crash, resumed_from, complete in (("4:G:write", 0, [2]), ("4:E:before", 2, [2]),
+                                          ("4:state:replace", 2, [2]), ("6:optimizerG:write", 2, [2, 4])):
+        proc = _run(tmp_path, opt, "crash", TEST_CRASH_IN_SAVE=crash)
+        assert proc.returncode == -signal.SIGKILL, (crash, proc.returncode, proc.stderr[-2000:])
+        assert complete_steps(models) == complete, (crash, sorted(os.listdir(models)))
+        resumed = re.search(r"Resuming from step (\d+)", proc.stdout)
+        assert (int(resumed.group(1)) if resumed else 0) == resumed_from, crash
+    final = _run(tmp_path, opt, "crash")
+    assert_ok(final)
+    assert "Resuming from step 4" in final.stdout
+    assert not [f for f in os.listdir(models) if ".tmp" in f]  # the temporaries of the killed saves are gone
+    _copy_reference_log(ref_path, tmp_path, "crash")
+    assert_same_run(tmp_path, "ref", "crash", 6)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# two processes: elastic restart after SIGKILL, and preemption through the launcher
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vrt_two_process_reference(tmp_path_factory):
+    """An uninterrupted 4-step VRT run on 2 processes (2 threads each, 1 loader worker each)."""
+    tmp_path = tmp_path_factory.mktemp("vrt2")
+    opt = write_opt(tmp_path, base=VRT_TINY_OPT, train={"total_iter": 4, "grad_accum_steps": 1},
+                    datasets={"train": {"dataloader_num_workers": 2}})
+    assert_ok(_run(tmp_path, opt, "ref", nproc=2))
+    return tmp_path, opt
+
+
+def test_elastic_restart_after_sigkill_is_bit_identical(vrt_two_process_reference, tmp_path):
+    ref_path, opt = vrt_two_process_reference
+    proc = _run(tmp_path, opt, "killed", nproc=2, extra=["--max-restarts=2"], TEST_KILL_AT_STEP="3",
+                TEST_KILL_RANK="1")
+    assert_ok(proc)
+    assert "Resuming from step 2" in proc.stdout + proc.stderr
+    _copy_reference_log(ref_path, tmp_path, "killed")
+    assert_same_run(tmp_path, "ref", "killed", 4)
+
+
+def _launch(tmp_path, opt, task, sig, target, nproc, at_step=2, timeout=300):
+    """``bash launch_train.sh OPT`` as a terminal job; once the log shows step ``at_step``, send ``sig`` to the
+    launcher (``target='agent'``: what scancel or SLURM's --signal do) or to its process group (``'group'``: Ctrl-C
+    in the terminal)."""
+    env = base_env(threads=2, NPROC=str(nproc))
+    root = os.path.join(tmp_path, "experiments")
+    cmd = ["bash", os.path.join(ROOT, "launch_train.sh"), opt, "--set", f"task={task}", f"path.root={root}"]
+    proc = subprocess.Popen(cmd, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    log = os.path.join(tmp_path, "experiments", task, "train.log")
+    deadline = time.monotonic() + timeout
+    sent = False
+    while proc.poll() is None and time.monotonic() < deadline:
+        if not sent and os.path.isfile(log) and f"iter:{at_step:8,d}" in open(log).read():
+            os.killpg(proc.pid, sig) if target == "group" else os.kill(proc.pid, sig)
+            sent = True
+        time.sleep(0.1)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    out = proc.communicate()[0]
+    assert sent, f"step {at_step} never logged:\n{out[-3000:]}"
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("sig, target, nproc", [(signal.SIGTERM, "agent", 2), (signal.SIGUSR1, "agent", 2),
+                                                (signal.SIGINT, "group", 2), (signal.SIGINT, "group", 1)],
+                         ids=["SIGTERM-to-torchrun", "SIGUSR1-to-torchrun", "ctrl-c-torchrun", "ctrl-c-single"])
+def test_preemption_through_the_launcher_saves_and_exits_zero(vrt_two_process_reference, tmp_path, sig, target,
+                                                              nproc):
+    ref_path, opt = vrt_two_process_reference
+    code, out = _launch(tmp_path, opt, "pre", sig, target, nproc)
+    assert code == 0, out[-3000:]
+    stopped = re.search(rf"Stopped by {sig.name} at step (\d+): checkpoint saved", out)
+    assert stopped, out[-3000:]
+    assert complete_steps(_models(tmp_path, "pre"))[-1] == int(stopped.group(1))
+    if sig == signal.SIGTERM:  # the re-run through the launcher continues exactly
+        root = os.path.join(tmp_path, "experiments")
+        proc = subprocess.run(["bash", os.path.join(ROOT, "launch_train.sh"), opt, "--set", "task=pre",
+                               f"path.root={root}"],
+                              env=base_env(threads=2, NPROC="2"), cwd=str(tmp_path), capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        _copy_reference_log(ref_path, tmp_path, "pre")
+        assert_same_run(tmp_path, "ref", "pre", 4)
+
+
+def test_the_reference_fixture_ran_at_two_threads(vrt_reference):
+    """Guard against a harness change that would silently test at one thread."""
+    ref_path, _ = vrt_reference
+    log = open(os.path.join(ref_path, "experiments", "ref", "train.log")).read()
+    assert "2 intra-op thread(s)" in log and "deterministic on" in log
+    assert sys.platform.startswith("linux")

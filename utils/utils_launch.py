@@ -1,0 +1,89 @@
+"""``python -m utils.utils_launch [torchrun args] main_train_vrt.py ...``: torchrun that stops cleanly on a signal.
+
+torchrun forwards SIGTERM/SIGINT to its workers, gives them ``--shutdown-timeout`` seconds (30 by default) and
+then exits with an error whatever they did, and SIGUSR1 (SLURM's ``--signal``) kills the agent outright. A
+preempted job should instead end with a checkpoint and exit 0, so this wrapper runs torchrun's own ``main`` in
+this process and takes over SIGTERM, SIGINT and SIGUSR1:
+
+* the first one is forwarded to every worker; each stops at the next step boundary (the ranks agree on the step),
+  rank 0 saves that step, the workers exit 0 and so does torchrun. Workers that torchrun starts afterwards (a
+  restart racing the signal) see ``VRT_STOP_REQUESTED`` and stop before their first step;
+* a second one ends the workers at once (SIGKILL; the newest complete checkpoint stays as it is).
+
+Everything else (rendezvous, ``--max-restarts``, multi-node) is torchrun's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.run import get_args_parser
+from torch.distributed.run import main as torchrun_main
+
+logger = logging.getLogger(__name__)
+
+FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
+STOP_ENV = "VRT_STOP_REQUESTED"  # read by the training loop (engine) of workers started after a stop request
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux ``/proc``): torchrun's workers, which run in sessions of their own."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
+class _Forwarder:
+    """Signal handler of the agent process: first signal forwarded to the workers, second one ends them."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            raise SignalException(f"second stop signal ({name}): ending the workers now", sigval=signal.SIGKILL)
+        self.received = name
+        os.environ[STOP_ENV] = name
+        for pid in _children(os.getpid()):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # torchrun (re-)installs its handlers at every worker start; keep it away from the signals we take over
+    if "--signals-to-handle" in get_args_parser()._option_string_actions:
+        argv.insert(0, "--signals-to-handle=SIGHUP,SIGQUIT")
+    else:  # torch < 2.5 reads the environment only
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"
+    forwarder = _Forwarder()
+    for name in FORWARDED:
+        signal.signal(getattr(signal, name), forwarder)
+    try:
+        torchrun_main(argv)
+    except SignalException as exc:
+        logger.error("%s", exc)
+        return 128 + signal.SIGKILL
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
