@@ -30,6 +30,20 @@ def test_latest_complete_step_needs_state_file(tmp_path):
     assert ckpt.latest_complete_step(str(tmp_path / "missing")) == 0
 
 
+def test_atomic_save_fsyncs_the_file_and_then_its_folder_after_the_rename(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(f"/proc/self/fd/{fd}")))
+                        or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", b)) or real_replace(a, b))
+    path = str(tmp_path / "5_G.pth")
+    ckpt.atomic_save({"params": {"w": torch.ones(2)}}, path)
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["fsync", "replace", "fsync"], events
+    assert events[0][1].startswith(path + ".tmp")  # the data, before the rename
+    assert events[2][1] == os.path.realpath(str(tmp_path))  # the folder holding the rename, after it
+
+
 def test_atomic_save_leaves_no_temp_and_keeps_old_file_on_failure(tmp_path):
     path = str(tmp_path / "1_G.pth")
     ckpt.atomic_save({"params": {"w": torch.ones(2)}}, path)

@@ -34,8 +34,10 @@ class CheckpointError(RuntimeError):
 
 
 def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    """``torch.save`` to ``path`` through a temporary file in the same folder, fsynced, ``os.replace``d, and the
+    folder fsynced, so that once this returns the file survives a crash or a power loss under its final name."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -43,9 +45,21 @@ def atomic_save(obj: Any, path: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(folder)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def fsync_dir(folder: str) -> None:
+    """Make a rename in ``folder`` durable (a rename lives in the directory, not in the file)."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError:  # some network file systems refuse fsync on a directory; the rename itself is done
+        pass
+    finally:
+        os.close(fd)
 
 
 def safe_load(path: str, map_location: str | torch.device = "cpu") -> Any:
