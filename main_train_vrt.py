@@ -15,12 +15,12 @@ import logging
 import os
 import sys
 
+from engine.train import ConfigError, ResumeError, train
 from models.model_plain import NonFiniteLossError
 from utils import utils_dist, utils_numerics, utils_option
 from utils.utils_checkpoint import CheckpointError
 from utils.utils_dataloader import BatchSplitError, DataLoaderStallError
 from utils.utils_logger import setup_logger
-from utils.utils_train import ConfigError, ResumeError, train
 
 USER_ERRORS = (utils_option.OptionError, utils_dist.DistError, ConfigError, ResumeError, BatchSplitError,
                CheckpointError, NonFiniteLossError, DataLoaderStallError, FileNotFoundError)

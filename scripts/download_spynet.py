@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.network_spynet import SPYNET_URL  # noqa: E402
-from utils.utils_download import ensure_spynet  # noqa: E402
+from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL  # noqa: E402
+from utils.utils_download import ensure_file  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     try:
-        path = ensure_spynet(args.out, args.url)
+        path = ensure_file(args.out, args.url, SPYNET_SHA256_PREFIX)
     except RuntimeError as err:
         logging.error('%s', err)
         return 1

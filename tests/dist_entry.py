@@ -20,12 +20,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import main_train_vrt  # noqa: E402
 from data import select_dataset  # noqa: E402
+from engine import train as engine_train  # noqa: E402
 from models.model_plain import ModelPlain  # noqa: E402
-from utils import utils_checkpoint, utils_train  # noqa: E402
+from utils import utils_checkpoint  # noqa: E402
 
 faulthandler.register(signal.SIGUSR2, all_threads=True)  # the harness dumps the stacks of a hung run
 captured = {}
-_define = utils_train.define_Model
+_define = engine_train.define_Model
 
 
 def _capture(opt, dist_info):
@@ -34,7 +35,7 @@ def _capture(opt, dist_info):
     return model
 
 
-utils_train.define_Model = _capture
+engine_train.define_Model = _capture
 
 # ----- fault injection, driven by environment variables (first attempt only under torchrun's restarts) -----
 RANK = int(os.environ.get("RANK", 0))

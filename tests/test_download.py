@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from models.network_spynet import SPYNET_SHA256_PREFIX
 from scripts.download_spynet import main as download_main
-from utils.utils_download import download_verified, ensure_spynet, sha256_of
+from utils.utils_download import download_verified, ensure_file, sha256_of
 
 
 @pytest.fixture
@@ -64,13 +65,13 @@ def test_empty_digest_rejected(tmp_path: Path, source: tuple[str, str]) -> None:
         download_verified(source[0], tmp_path / 'x', '')
 
 
-def test_ensure_spynet_keeps_existing_file_and_verifies_new_one(tmp_path: Path, source: tuple[str, str]) -> None:
+def test_ensure_file_keeps_existing_file_and_verifies_new_one(tmp_path: Path, source: tuple[str, str]) -> None:
     existing = tmp_path / 'spynet.pth'
     existing.write_bytes(b'mine')
-    assert ensure_spynet(existing, url='file:///does/not/exist') == existing
+    assert ensure_file(existing, 'file:///does/not/exist', SPYNET_SHA256_PREFIX) == existing
     # the pretend file's digest does not start with the official prefix -> refused
     with pytest.raises(RuntimeError, match='Checksum mismatch'):
-        ensure_spynet(tmp_path / 'new.pth', url=source[0])
+        ensure_file(tmp_path / 'new.pth', source[0], SPYNET_SHA256_PREFIX)
     assert not (tmp_path / 'new.pth').exists()
 
 

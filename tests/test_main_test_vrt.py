@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from data.dataset_video_file import read_video, write_video
+from engine import evaluate as utils_test
 from models.model_zoo import TASKS, TaskSpec
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
 from tests.helpers import ROOT, TINY_OPT, base_env
 from tests.video_helpers import FPS, audio_packets, write_sine
-from utils import utils_test
 from utils.utils_image import frame_metrics, imread_rgb, imwrite_rgb
 
 TINY_NET = {

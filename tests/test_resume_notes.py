@@ -7,9 +7,9 @@ import os
 
 import torch
 
+from engine.train import inexact_resume_reasons, run_descriptor
 from tests.helpers import assert_ok, base_env, single, write_opt
 from utils.utils_dist import DistInfo
-from utils.utils_train import inexact_resume_reasons, run_descriptor
 
 OPT = {"train": {"deterministic": True, "G_optimizer_lr": 1e-3, "total_iter": 10, "checkpoint_save": 5,
                  "G_scheduler_periods": 100},

@@ -1,7 +1,7 @@
-"""Checksum-verified, atomic downloads of pretrained weights (SpyNet, released checkpoints).
+"""Checksum-verified, atomic downloads (the caller gives the address and the digest).
 
-Networks never download; call these explicitly (on rank 0, followed by a barrier) or run
-``scripts/download_spynet.py``.
+Networks never download; the training flow calls these explicitly (on rank 0, followed by a barrier), and
+``scripts/download_spynet.py`` does it by hand.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-
-from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +80,13 @@ def download_verified(url: str, dest: str | os.PathLike, sha256: str, timeout: f
     return dest
 
 
-def ensure_spynet(path: str | os.PathLike, url: str = SPYNET_URL) -> Path:
-    """Return ``path``, downloading the official SpyNet weights (checksum-verified) only when it is missing.
+def ensure_file(path: str | os.PathLike, url: str, sha256: str) -> Path:
+    """Return ``path``, downloading ``url`` (checksum-verified, atomic) only when the file is missing.
 
-    An existing file is trusted as is (it may be a user's own SpyNet).
+    An existing file is trusted as is (it may be a user's own weights).
     """
     path = Path(path)
     if path.is_file():
         return path
-    logger.info('SpyNet weights missing at %s; downloading %s', path, url)
-    return download_verified(url, path, SPYNET_SHA256_PREFIX)
+    logger.info('%s is missing; downloading %s', path, url)
+    return download_verified(url, path, sha256)

@@ -16,16 +16,17 @@ import torch
 import torch.nn.functional as F
 
 from data.select_dataset import define_Dataset
+from engine.validate import validate
+from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL
 from models.select_model import define_Model
 from models.select_network import is_frame_interpolation
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist, utils_numerics
 from utils.utils_dataloader import build_train_loader, next_batch
 from utils.utils_dist import DistInfo
-from utils.utils_download import ensure_spynet
+from utils.utils_download import ensure_file
 from utils.utils_launch import STOP_ENV
 from utils.utils_logger import TensorBoardWriter
-from utils.utils_validation import validate
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def fetch_weights(opt: dict[str, Any]) -> None:
     error = None
     if path and not os.path.isfile(path) and utils_dist.get_rank() == 0:
         try:
-            ensure_spynet(path)
+            ensure_file(path, SPYNET_URL, SPYNET_SHA256_PREFIX)
         except (RuntimeError, ValueError, OSError) as exc:
             error = str(exc)
     error = utils_dist.broadcast_object(error)
