@@ -20,7 +20,8 @@ Numerics: the sampling and the attention run in float32 with autocast disabled (
 and the result is cast back to ``q.dtype``: sub-pixel positions do not survive bf16/fp16, and the softmax over
 18 samples is cheap. The bilinear sampling is ``F.grid_sample(padding_mode='zeros', align_corners=False)``
 with positions normalised as ``(2 * p + 1) / size - 1``, which is exactly the pixel-index convention of the
-CUDA kernel (also for a size of 1).
+CUDA kernel (also for a size of 1); it runs through :func:`models.layers_warp.grid_sample`, whose backward is
+deterministic under :func:`models.layers_warp.deterministic_kernels`.
 
 Memory: the sampled keys/values are ``clip_size * kh * kw`` times the size of ``kv``. When autograd needs them,
 the operator is recomputed in backward (non-reentrant activation checkpointing, the CUDA op's strategy too), so
@@ -33,12 +34,12 @@ import logging
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from models.layers_conv import frame_conv
+from models.layers_warp import autocast_off, grid_sample
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def _attend_frames(
     pos_y = off[:, :, :, :, 0] + base_y  # (B, S, G, kk, HW)
     pos_x = off[:, :, :, :, 1] + base_x
     grid = torch.stack(((2 * pos_x + 1) / w - 1, (2 * pos_y + 1) / h - 1), dim=-1)
-    cols = F.grid_sample(
+    cols = grid_sample(
         kv_frames.reshape(b * s * g, c2 // g, h, w),
         grid.view(b * s * g, kk, hw, 2),
         mode='bilinear',
@@ -122,7 +123,7 @@ def _run(q: Tensor, kv_frames: Tensor, offset: Tensor, params: tuple, recompute:
         if 'fn' not in _COMPILED:
             _COMPILED['fn'] = torch.compile(_attend_frames, dynamic=True)
         fn = _COMPILED['fn']  # type: ignore[assignment]
-    with torch.autocast(device_type=q.device.type, enabled=False):
+    with autocast_off(q.device):
         args = (q.to(work), kv_frames.to(work), offset.to(work), *params)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in args[:3])
         if needs_grad and (recompute is None or recompute):

@@ -1,14 +1,19 @@
-"""Flow-guided deformable convolution of VRT's parallel warping (torchvision's kernel or a sampled formulation)."""
+"""Flow-guided deformable convolution of VRT's parallel warping (torchvision's kernel or a sampled formulation).
+
+Under :func:`models.layers_warp.deterministic_kernels` the sampled formulation runs whenever autograd needs the
+convolution (its sampling then has a deterministic backward): torchvision's backward accumulates with atomic adds.
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from models.layers_warp import autocast_off, deterministic_kernels, grid_sample
 
 
 def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -16,7 +21,8 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
 
     Same semantics as ``torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)``,
     including implicit weight groups (``x`` may have a multiple of ``weight``'s input channels) and zero
-    contribution from samples outside the image.
+    contribution from samples outside the image. The sampling is :func:`models.layers_warp.grid_sample`
+    (deterministic under :func:`models.layers_warp.deterministic_kernels`).
 
     Args:
         x: (N, C_in, H, W).
@@ -36,9 +42,10 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
     off = offset.view(n, off_groups, points, 2, h, w)
     py = torch.arange(h, dtype=x.dtype, device=x.device).view(h, 1) + ky.reshape(points, 1, 1) + off[:, :, :, 0]
     px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + off[:, :, :, 1]
-    grid = torch.stack((2.0 * px / max(w - 1, 1) - 1.0, 2.0 * py / max(h - 1, 1) - 1.0), dim=-1)
-    cols = F.grid_sample(x.view(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * h, w, 2),
-                         mode='bilinear', padding_mode='zeros', align_corners=True)
+    # align_corners=False with (2p + 1) / size - 1 maps back to pixel p, for a size of 1 too
+    grid = torch.stack(((2 * px + 1) / w - 1, (2 * py + 1) / h - 1), dim=-1)
+    cols = grid_sample(x.view(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * h, w, 2),
+                       mode='bilinear', padding_mode='zeros', align_corners=False)
     cols = cols.view(n, off_groups, cin // off_groups, points, h, w) * mask.view(n, off_groups, 1, points, h, w)
     out = torch.matmul(weight.view(groups, cout // groups, cin_g * points), cols.view(n, groups, cin_g * points, h * w))
     return out.view(n, cout, h, w) + bias.view(1, cout, 1, 1)
@@ -93,16 +100,20 @@ class DCNv2PackFlowGuided(nn.Module):
         """
         out = self.conv_offset(torch.cat([warped, current, flows], dim=1))
         o1, o2, mask = torch.chunk(out, 3, dim=1)
-        offset = self.max_residue_magnitude * torch.tanh(torch.cat((o1, o2), dim=1))
+        # offsets and the convolution in fp32 even under autocast (float64 stays float64): the residue (up to
+        # 10 px) plus the flow needs sub-pixel precision that bf16 does not have
+        work = torch.float64 if out.dtype == torch.float64 else torch.float32
+        offset = self.max_residue_magnitude * torch.tanh(torch.cat((o1, o2), dim=1).to(work))
         k = self.pa_frames // 2
         # each neighbour's chunk of offsets gets its flow, flipped to (dy, dx) and repeated per point/group
         n, _, h, w = offset.shape
-        offset = offset.view(n, k, -1, 2, h, w) + flows.view(n, k, 1, 2, h, w).flip(3)
+        offset = offset.view(n, k, -1, 2, h, w) + flows.to(work).view(n, k, 1, 2, h, w).flip(3)
         offset = offset.view(n, -1, h, w)
         impl = self.impl if self.impl != 'auto' else ('sampled' if offset.device.type == 'cpu' else 'torchvision')
-        with torch.autocast(device_type=offset.device.type, enabled=False):
-            args = (neighbours.float(), offset.float(), torch.sigmoid(mask.float()), self.weight.float(),
-                    self.bias.float())
+        if deterministic_kernels(offset) and torch.is_grad_enabled():
+            impl = 'sampled'  # torchvision's backward accumulates with atomic adds
+        with autocast_off(offset.device):
+            args = (neighbours.to(work), offset, torch.sigmoid(mask.to(work)), self.weight.to(work), self.bias.to(work))
             if impl == 'torchvision':
                 x, offset, mask, weight, bias = args
                 return torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)

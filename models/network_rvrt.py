@@ -180,6 +180,7 @@ class RVRT(nn.Module):
         self.upscale = upscale
         self.clip_size = clip_size
         self.img_size = tuple(img_size)
+        self.window_size = tuple(window_size)
         self.nonblind_denoising = nonblind_denoising
         self.in_chans = 4 if nonblind_denoising else 3
         self.cpu_cache_length = cpu_cache_length
@@ -345,26 +346,41 @@ class RVRT(nn.Module):
         return (x + skip).view(n, t, *x.shape[1:])
 
     def _check_input(self, lqs: Tensor) -> None:
+        """Refuse, in one line, an input the architecture cannot compute (exactly the reference's limits).
+
+        * T frames make ``T // clip_size`` clips: T must be a multiple of clip_size, or below 2 * clip_size (then
+          one clip holds all T frames and no alignment runs);
+        * SpyNet needs its input above 32 px: the LQ frames for x4, their 1/4 bicubic downsample for upscale 1;
+        * upscale 1 aligns features of ceil(H / 4) rows with flows of H // 4 rows: H and W must be multiples of 4
+          once there is more than one clip. A single clip of other sizes computes, with (4 * ceil(H / 4),
+          4 * ceil(W / 4)) output frames, as in the reference.
+        """
         if lqs.dim() != 5:
             raise ValueError(f'RVRT expects (N, T, C, H, W) input, got shape {tuple(lqs.shape)}')
         _, t, c, h, w = lqs.shape
         if c != self.in_chans:
             what = 'RGB + noise-level map' if self.nonblind_denoising else 'RGB'
             raise ValueError(f'RVRT expects {self.in_chans} input channels ({what}), got {c}')
-        if t % self.clip_size or t == 0:
-            raise ValueError(f'RVRT needs a frame count divisible by clip_size={self.clip_size}, got {t}')
+        clip = self.clip_size
+        if t < clip or (t % clip and t >= 2 * clip):
+            near = sorted({max(clip, t // clip * clip), -(-t // clip) * clip})
+            raise ValueError(f'RVRT processes clips of clip_size={clip} frames: T must be a multiple of {clip} (or '
+                             f'{clip}..{2 * clip - 1} frames as one clip), got {t}; use {" or ".join(map(str, near))}')
         if self.upscale == 4 and min(h, w) <= 32:
-            raise ValueError(f'RVRT (x4) needs LQ frames larger than 32x32 for SpyNet, got {h}x{w}')
-        if self.upscale != 4 and (h % 4 or w % 4 or min(h, w) <= 128):
-            raise ValueError(f'RVRT (upscale 1) computes flows at 1/4 resolution: H and W must be multiples of 4 '
-                             f'and larger than 128, got {h}x{w}')
+            raise ValueError(f'RVRT (x4) needs LQ frames larger than 32x32 for SpyNet, got {h}x{w}; pad to at least '
+                             f'{max(h, 33)}x{max(w, 33)}')
+        if self.upscale != 4 and (min(h, w) < 132 or (t >= 2 * clip and (h % 4 or w % 4))):
+            up_h, up_w = max(132, -(-h // 4) * 4), max(132, -(-w // 4) * 4)
+            raise ValueError(f'RVRT (upscale 1) computes flows at 1/4 resolution: H and W must be at least 132 (SpyNet '
+                             f'needs the 1/4 frames above 32) and multiples of 4 (features and flows of one size), '
+                             f'got {h}x{w}; pad to {up_h}x{up_w}')
 
     def forward(self, lqs: Tensor) -> Tensor:
         """Restore a video.
 
         Args:
             lqs: (N, T, C, H, W) in [0, 1]; C = 3, or 4 for non-blind denoising (RGB + noise-level map);
-                T divisible by clip_size.
+                T divisible by clip_size (or one clip of fewer than 2 * clip_size frames); see ``_check_input``.
 
         Returns:
             (N, T, 3, 4H, 4W) for upscale 4, (N, T, 3, H, W) for upscale 1; on the CPU when the features were

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.layers_warp import flow_warp
+from models.layers_warp import flow_warp, pad, resize_bilinear
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class SpyNet(nn.Module):
         load_path: file holding ``{'params': state_dict}`` (the official Sintel-final weights). ``None``
             keeps random weights (used when a full VRT/RVRT checkpoint is loaded afterwards). A path that
             does not exist is an error: fetch it with ``scripts/download_spynet.py`` or
-            ``utils.utils_download.ensure_spynet``. Nothing is downloaded here.
+            ``utils.utils_download.ensure_file``. Nothing is downloaded here.
         return_levels: pyramid levels to return (5 = full resolution, 4 = 1/2, 3 = 1/4, 2 = 1/8).
     """
 
@@ -71,7 +71,7 @@ class SpyNet(nn.Module):
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f'SpyNet weights not found at {path!r}. Download them once with '
-                f'`python scripts/download_spynet.py --out {path}` (or utils.utils_download.ensure_spynet), '
+                f'`python scripts/download_spynet.py --out {path}` (or utils.utils_download.ensure_file), '
                 f'from {SPYNET_URL}; or set spynet_path to null to start from random SpyNet weights '
                 f'(only sensible when a full checkpoint is loaded afterwards).'
             )
@@ -98,16 +98,17 @@ class SpyNet(nn.Module):
         flows: list[Tensor] = []
         for level, level_pair in enumerate(pyramid):
             ref_l, supp_l = level_pair[:n], level_pair[n:]
-            up = F.interpolate(flow, scale_factor=2, mode='bilinear', align_corners=True) * 2.0
+            # resizing and padding of the flows through layers_warp: deterministic backward where needed
+            up = resize_bilinear(flow, scale_factor=2, align_corners=True) * 2.0
             if up.shape[2] != ref_l.shape[2]:
-                up = F.pad(up, [0, 0, 0, 1], mode='replicate')
+                up = pad(up, [0, 0, 0, 1], mode='replicate')
             if up.shape[3] != ref_l.shape[3]:
-                up = F.pad(up, [0, 1, 0, 0], mode='replicate')
+                up = pad(up, [0, 1, 0, 0], mode='replicate')
             warped = flow_warp(supp_l, up.permute(0, 2, 3, 1), interp_mode='bilinear', padding_mode='border')
             flow = self.basic_module[level](torch.cat([ref_l, warped, up], 1)) + up
             if level in self.return_levels:
                 scale = 2 ** (5 - level)
-                out = F.interpolate(flow, size=(h // scale, w // scale), mode='bilinear', align_corners=False)
+                out = resize_bilinear(flow, size=(h // scale, w // scale), align_corners=False)
                 factor = out.new_tensor(
                     [float(w // scale) / float(w_floor // scale), float(h // scale) / float(h_floor // scale)]
                 )
@@ -132,6 +133,7 @@ class SpyNet(nn.Module):
             raise ValueError(f'SpyNet needs H and W above 32 pixels, got {h}x{w}')
         h_floor = math.ceil(h / 32.0) * 32
         w_floor = math.ceil(w / 32.0) * 32
+        # plain F.interpolate: input frames never require grad, and the forward kernel is deterministic
         ref = F.interpolate(ref, size=(h_floor, w_floor), mode='bilinear', align_corners=False)
         supp = F.interpolate(supp, size=(h_floor, w_floor), mode='bilinear', align_corners=False)
         flows = self._process(ref, supp, h, w)

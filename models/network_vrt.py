@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from models.layers_attention import RTMSA, TMSAG, MlpGEGLU, Size3
 from models.layers_conv import FrameConv, Upsample
 from models.layers_deform_conv import DCNv2PackFlowGuided
-from models.layers_warp import flow_warp
+from models.layers_warp import flow_warp, pad
 from models.network_spynet import SpyNet
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,9 @@ class Stage(nn.Module):
         (backward) / first (forward) frame gets an all-zero result, as in the reference.
         """
         b, d, h, w, c = x.shape
+        if d == 1:  # a single frame has no neighbours: both directions are all zeros
+            zero = x.new_zeros(b, 1, h, w, c)
+            return zero, zero
         k_max = self.pa_frames // 2
         xf = x.permute(0, 1, 4, 2, 3)  # (B, D, C, H, W)
 
@@ -307,8 +310,10 @@ class VRT(nn.Module):
         b, d, c, h, w = x.shape
         x1 = x[:, :-1].reshape(-1, c, h, w)
         x2 = x[:, 1:].reshape(-1, c, h, w)
-        # both directions in one SpyNet call: backward = spynet(x_t, x_t+1), forward = spynet(x_t+1, x_t)
-        pyramid = self.spynet(torch.cat([x1, x2], 0), torch.cat([x2, x1], 0))
+        if d == 1:  # no frame pairs: empty flows, without running SpyNet on an empty batch
+            pyramid = [x.new_zeros(0, 2, h // 2**i, w // 2**i) for i in range(4)]
+        else:  # both directions in one SpyNet call: backward = spynet(x_t, x_t+1), forward = spynet(x_t+1, x_t)
+            pyramid = self.spynet(torch.cat([x1, x2], 0), torch.cat([x2, x1], 0))
         backward1, forward1 = [], []
         for i, flow in enumerate(pyramid):
             flow = flow.view(2, b, d - 1, 2, h // 2**i, w // 2**i)
@@ -379,21 +384,16 @@ class VRT(nn.Module):
 
         Args:
             x: (B, D, C, H, W) in [0, 1]; C = in_chans (+1 noise-level channel for non-blind denoising).
-                H and W must be multiples of 8 and (with parallel warping) above 32.
+                The sizes the architecture can compute depend on the configuration (see :meth:`check_input`):
+                H and W multiples of 8, at least (scale x window) where a stage has mutual attention, above 32
+                with parallel warping.
 
         Returns:
             (B, D, out_chans, upscale * H, upscale * W); frame interpolation returns (B, 1, out_chans, H, W).
         """
-        if x.dim() != 5:
-            raise ValueError(f'VRT expects input (B, D, C, H, W), got shape {tuple(x.shape)}')
-        self._check_size(*x.shape[-2:])
+        self.check_input(x.shape)
         if not self.pa_frames:
             return self._forward_interpolation(x)
-        expected = self.in_chans + (1 if self.nonblind_denoising else 0)
-        if x.shape[2] != expected:
-            raise ValueError(f'VRT expects {expected} input channels, got {x.shape[2]}')
-        if x.shape[1] < 2:
-            raise ValueError(f'VRT with pa_frames={self.pa_frames} needs at least 2 frames, got {x.shape[1]}')
         noise_map = x[:, :, self.in_chans:] if self.nonblind_denoising else None
         x_lq = x[:, :, :self.in_chans]
         flows_backward, flows_forward = self.get_flows(x_lq)
@@ -409,29 +409,106 @@ class VRT(nn.Module):
         out = out.view(b, d, -1, *out.shape[-2:])
         return out + F.interpolate(x_lq, size=out.shape[2:], mode='trilinear', align_corners=False)
 
-    def _check_size(self, h: int, w: int) -> None:
-        """Sizes the architecture supports: sides divisible by 8 (three 2x downsamplings), the 1/8 scale at least
-        the attention window (mutual attention has a fixed-size position bias), and above 32 px for SpyNet."""
-        min_h, min_w = 8 * self.window_size[1], 8 * self.window_size[2]
+    def check_input(self, shape: Sequence[int]) -> None:
+        """Refuse an input the architecture cannot compute, with one line that says why and what would work.
+
+        The limits follow from the layers, stage by stage (they are exactly the reference implementation's):
+
+        * stages 2-4 each fold 2x2 pixels into channels: H and W must be multiples of 8;
+        * mutual attention adds a sine position bias built for the full (2, Wh, Ww) window, so a stage with mutual
+          blocks (``int(depth * mul_attn_ratio) > 0``) needs D >= 2 and at least Wh x Ww positions at its scale
+          (H / scale >= Wh); stages without them, and stage 8, shrink their windows to any size;
+        * SpyNet (pa_frames > 0) needs H and W above 32 (its coarsest level is 1/32 of the size rounded up to 32);
+        * flow composition needs 3 frames for pa_frames 4 and 4 for pa_frames 6; frame interpolation fuses
+          exactly img_size[0] frames;
+        * the deformable convolution of parallel warping splits its K = pa_frames / 2 neighbours' K * C channels
+          into K weight groups and ``deformable_groups`` offset groups (and pa_frames 4 halves the offsets).
+
+        Args:
+            shape: the input shape (B, D, C, H, W).
+
+        Raises:
+            ValueError: naming the input, the failing constraint and the nearest sizes (or settings) that work.
+        """
+        if len(shape) != 5:
+            raise ValueError(f'VRT expects input (B, D, C, H, W), got shape {tuple(shape)}')
+        _, d, c, h, w = (int(n) for n in shape)
+        what = f'VRT cannot compute an input (B, D, C, H, W) = {tuple(int(n) for n in shape)}'
+        expected = self.in_chans + (1 if self.nonblind_denoising and self.pa_frames else 0)
+        if c != expected:
+            noise = ' (RGB + noise-level map)' if expected != self.in_chans else ''
+            raise ValueError(f'{what}: expects {expected} input channels{noise}, got {c}')
+        self._check_config()
+
+        stages = [getattr(self, f'stage{i + 1}') for i in range(7)]
+        mutual = [(i + 1, scale) for i, (st, scale) in enumerate(zip(stages, (1, 2, 4, 8, 4, 2, 1)))
+                  if len(st.residual_group1.blocks)]
+        flow_frames = {4: 3, 6: 4}.get(self.pa_frames, 1)  # composed flows reach t+2 / t+3
+        min_d = max(2 if mutual else 1, flow_frames)
+        if not self.pa_frames and d != self.img_size[0]:
+            raise ValueError(f'{what}: frame interpolation fuses the frames along channels (linear_fuse), so it '
+                             f'needs D == img_size[0] == {self.img_size[0]} input frames')
+        if d < min_d:
+            if d < flow_frames:
+                why = f'pa_frames {self.pa_frames} composes flows over frames t..t+{self.pa_frames // 2}'
+            else:
+                why = f'stage {mutual[0][0]} has mutual-attention blocks, which attend pairs of frames'
+            raise ValueError(f'{what}: needs at least {min_d} frames ({why}); pad the clip in time')
+
+        wh, ww = self.window_size[1:]
+        need_h, need_w, reasons = 8, 8, []
+        if h % 8 or w % 8:
+            reasons.append('H and W must be multiples of 8 (stages 2-4 each fold 2x2 pixels into channels)')
         if self.pa_frames:
-            min_h, min_w = max(min_h, 40), max(min_w, 40)
-        if h % 8 or w % 8 or h < min_h or w < min_w:
-            why = f'8 x window {tuple(self.window_size[1:])}' + (', above 32 px for SpyNet' if self.pa_frames else '')
-            raise ValueError(
-                f'VRT input frames must have H, W divisible by 8 and at least {min_h}x{min_w} ({why}), '
-                f'got {h}x{w}; pad or tile the input'
-            )
+            need_h, need_w = max(need_h, 33), max(need_w, 33)
+            if h <= 32 or w <= 32:
+                reasons.append("H and W must be above 32 (SpyNet's coarsest pyramid level is 1/32)")
+        if mutual:
+            stage, scale = max(mutual, key=lambda m: m[1])
+            need_h, need_w = max(need_h, scale * wh), max(need_w, scale * ww)
+            if h < scale * wh or w < scale * ww:
+                reasons.append(
+                    f'H and W must be at least {scale * wh}x{scale * ww}: stage {stage} (1/{scale} scale) has '
+                    f'mutual-attention blocks, whose sine position bias is fixed to the {wh}x{ww} window'
+                )
+        if reasons:
+            min_h, min_w = -(-need_h // 8) * 8, -(-need_w // 8) * 8
+            up_h, up_w = max(min_h, -(-h // 8) * 8), max(min_w, -(-w // 8) * 8)
+            raise ValueError(f'{what}: {"; ".join(reasons)}. Nearest working size {up_h}x{up_w}: pad the frames '
+                             f'to it, or tile the input with tiles of at least {min_h}x{min_w}')
+
+    def _check_config(self) -> None:
+        """Channel counts that no input can run with: the 2x2 unfolding of stages 5-7 and the channel grouping of
+        the parallel-warping deformable convolution (torchvision's rules)."""
+        unfolded = [getattr(self, f'stage{i}').linear1.out_features for i in (4, 5, 6)]
+        if any(c % 4 for c in unfolded):
+            raise ValueError(f'VRT cannot run embed_dims[3:6] = {unfolded}: stages 5-7 unfold channels into 2x2 '
+                             f'pixels, so these must be divisible by 4')
+        if not self.pa_frames:
+            return
+        pa, k = self.pa_frames, self.pa_frames // 2
+        dims = sorted({getattr(self, f'stage{i + 1}').pa_deform.weight.shape[0] for i in range(7)})
+        groups = self.stage1.pa_deform.conv_offset[-1].out_channels // 27
+        odd = [c for c in dims if c % k]
+        if odd:
+            raise ValueError(f'VRT cannot run pa_frames={pa}: it aligns {k} neighbours as {k} weight groups, so the '
+                             f'channels of stages 1-7 must be divisible by {k}, got {odd}; change embed_dims[:7]')
+
+        def works(g: int) -> bool:
+            return all(k * c % g == 0 for c in dims) and (k != 2 or g % 2 == 0)
+
+        if not works(groups):
+            near = min((g for g in range(1, k * dims[0] + 1) if works(g)), key=lambda g: (abs(g - groups), g))
+            even = ' and be even (pa_frames 4 splits the offsets of each group in two halves)' if k == 2 else ''
+            raise ValueError(f'VRT cannot run pa_frames={pa} with deformable_groups={groups}: the offset groups must '
+                             f'divide the {k} x C aligned channels (C = {dims}){even}; use deformable_groups={near}')
 
     def _forward_interpolation(self, x: Tensor) -> Tensor:
         """Frame interpolation (pa_frames == 0): (B, D, C, H, W) with D = img_size[0] -> (B, 1, C_out, H, W)."""
-        if x.shape[1] != self.img_size[0]:
-            raise ValueError(
-                f'VRT frame interpolation needs D == img_size[0] == {self.img_size[0]} input frames, got {x.shape[1]}'
-            )
         x_mean = x.mean([1, 3, 4], keepdim=True)
         feat = self._body(x - x_mean, [], [])  # (B, D, H, W, C0)
         b, d, h, w, c = feat.shape
         feat = feat.permute(0, 1, 4, 2, 3).reshape(b, d * c, h, w)  # frames concatenated along channels
         out = F.leaky_relu(self.linear_fuse(feat), 0.2)
-        out = self.conv_last(F.pad(out, (3, 3, 3, 3), mode='reflect'))
+        out = self.conv_last(pad(out, (3, 3, 3, 3), mode='reflect'))  # deterministic backward where needed
         return out.view(b, -1, 3, h, w) + x_mean

@@ -4,7 +4,9 @@ Fixtures in tests/fixtures/rvrt/ were made by running the reference ``network_rv
 scratch directory, with its CUDA ``deform_attn`` replaced by a gather-based CPU implementation of the kernel:
 ``state_dict_shapes.json.gz`` holds ``{key: shape}`` of the KAIR option files 001-006, the released-model
 constructors and the defaults; ``golden_<case>.pt`` holds the output (every second pixel) and some parameter
-gradients of tiny configurations filled with ``deterministic_fill`` on a seeded input.
+gradients of tiny configurations filled with ``deterministic_fill`` on a seeded input. ``golden_single_clip.pt``
+(3 frames at 133x133, upscale 1: one clip, so no deformable attention runs) was made the same way with our
+``models.layers_deform_attn.deform_attn`` substituted for the CUDA op.
 """
 
 from __future__ import annotations
@@ -31,23 +33,37 @@ def test_state_dict_keys_and_shapes_match_reference(name: str) -> None:
     assert_same_layout(RVRT, shape_table(FIXTURES)[name])
 
 
-@pytest.mark.parametrize('case', ['sr', 'deblur', 'denoise'])
+# (output atol, gradient tolerance relative to the largest entry) per golden case: about 2-3x the largest error
+# measured against the reference run at one thread (in the comments). In fp64 ours and the reference agree to 1e-15
+# on every case, so these gaps are fp32 rounding (largest in the deformable offsets, SpyNet and the bias tables).
+GOLDEN = {
+    'sr': (5e-7, 6e-4),  # measured 1.8e-7, 2.9e-4 (reconstruction bias table)
+    'deblur': (4e-7, 5e-4),  # 1.2e-7, 2.0e-4 (spynet level 3)
+    'denoise': (4e-7, 3e-4),  # 1.2e-7, 1.2e-4 (offset conv, spynet)
+    # one clip of 3 frames at 133x133 (upscale 1): sizes the reference computes that a stricter check refused
+    'single_clip': (5e-7, 7e-4),  # 1.8e-7, 3.2e-4 (reconstruction bias table)
+}
+STATS_ATOL = 2e-7  # mean, mean |x| and loss: measured at most 6e-8
+
+
+@pytest.mark.parametrize('case', sorted(GOLDEN))
 def test_golden_matches_reference(case: str) -> None:
-    """Same weights and input as the reference run -> same output (1e-4) and parameter gradients."""
+    """Same weights and input as the reference run -> same output and parameter gradients, to fp32 rounding."""
+    out_atol, grad_rel = GOLDEN[case]
     data = torch.load(FIXTURES / f'golden_{case}.pt', weights_only=True)
     torch.manual_seed(0)
     net = RVRT(**data['config'])
     deterministic_fill(net, data['fill_seed'])
     x = torch.rand(data['input_shape'], generator=torch.Generator().manual_seed(data['input_seed']))
     out = net(x)
-    torch.testing.assert_close(out.detach()[..., ::2, ::2], data['output_sub'], atol=1e-4, rtol=1e-4)
-    assert abs(out.mean().item() - data['output_mean']) < 1e-5
-    assert abs(out.abs().mean().item() - data['output_abs_mean']) < 1e-5
+    torch.testing.assert_close(out.detach()[..., ::2, ::2], data['output_sub'], atol=out_atol, rtol=0)
+    assert abs(out.mean().item() - data['output_mean']) <= STATS_ATOL
+    assert abs(out.abs().mean().item() - data['output_abs_mean']) <= STATS_ATOL
     loss = out.square().mean()
-    assert abs(loss.item() - data['loss']) < 1e-5
+    assert abs(loss.item() - data['loss']) <= STATS_ATOL
     loss.backward()
     assert len(data['grads']) >= 7
-    assert_grads_close(net, data['grads'], case)
+    assert_grads_close(net, data['grads'], case, rel=grad_rel)
 
 
 def _tiny(**kwargs) -> RVRT:
@@ -110,15 +126,45 @@ def test_checkpointing_gives_same_gradients() -> None:
         torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-4)
 
 
+# Input sizes and the reference's verdicts, established by running the reference RVRT (its CUDA deform_attn
+# replaced by ours) on the TINY configuration: 'ok' where it computes (output H, W given), else a phrase of our
+# refusal naming the constraint that made the reference fail.
+SIZE_TABLE = [
+    (4, (1, 3, 3, 36, 36), (144, 144)),  # T = 3 < 2 * clip_size: one clip of 3 frames, no alignment
+    (4, (2, 3, 3, 33, 41), (132, 164)),
+    (4, (1, 8, 3, 36, 36), (144, 144)),
+    (4, (1, 1, 3, 36, 36), 'multiple of 2'),
+    (4, (1, 5, 3, 36, 36), 'use 4 or 6'),
+    (4, (1, 2, 3, 32, 40), 'larger than 32x32'),
+    (1, (1, 3, 3, 133, 133), (136, 136)),  # one clip: features of ceil(H / 4) rows are never aligned with flows
+    (1, (1, 2, 3, 132, 133), (132, 136)),
+    (1, (1, 4, 3, 133, 133), 'multiples of 4'),  # two clips: ceil(133 / 4) features against 133 // 4 flows
+    (1, (1, 2, 3, 130, 130), 'at least 132'),
+    (1, (1, 5, 3, 132, 132), 'multiple of 2'),
+]
+
+
+@pytest.mark.parametrize(('upscale', 'shape', 'verdict'), SIZE_TABLE)
+def test_input_sizes_follow_reference(upscale: int, shape: tuple, verdict: tuple | str) -> None:
+    net = _tiny(upscale=upscale).eval()
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(0))
+    if isinstance(verdict, tuple):
+        with torch.no_grad():
+            out = net(x)
+        assert out.shape == (*shape[:2], 3, *verdict) and torch.isfinite(out).all()
+        return
+    with pytest.raises(ValueError, match=verdict) as info:
+        net(x)
+    assert '\n' not in str(info.value)
+
+
 def test_bad_input_and_config_errors() -> None:
     net = _tiny(upscale=4)
-    with pytest.raises(ValueError, match='divisible by clip_size'):
-        net(torch.rand(1, 3, 3, 36, 36))
     with pytest.raises(ValueError, match='larger than 32x32'):
         net(torch.rand(1, 2, 3, 32, 36))
     with pytest.raises(ValueError, match='3 input channels'):
         net(torch.rand(1, 2, 4, 36, 36))
-    with pytest.raises(ValueError, match='multiples of 4 and larger than 128'):
+    with pytest.raises(ValueError, match='at least 132 .* pad to 132x132'):
         _tiny(upscale=1)(torch.rand(1, 2, 3, 128, 132))
     with pytest.raises(ValueError, match='upscale'):
         RVRT(upscale=2)
