@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from engine.options import log_kair_notes, parse_options
 from engine.train import ConfigError, ResumeError, train
 from models.model_plain import NonFiniteLossError
 from utils import utils_dist, utils_numerics, utils_option
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     utils_dist.apply_legacy_local_rank(args.local_rank)
     rank = utils_dist.world_info_from_env()[0] if "RANK" in os.environ else 0
     try:
-        opt = utils_option.parse(args.opt, args.set)
+        opt = parse_options(args.opt, args.set)
         utils_numerics.prepare_environment(opt["train"]["deterministic"])  # before anything starts cuBLAS
         dist_info = utils_dist.init_dist(opt.get("dist_backend"), opt.get("dist_timeout"))
         try:
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 setup_logger(os.path.join(opt["path"]["log"], "train.log") if dist_info.is_master else None, rank)
                 utils_option.save(opt, sys.argv)
                 logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt))
+                log_kair_notes(args.opt)
 
             train(opt, dist_info, on_ready)
         finally:

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from models.model_zoo import TASKS, build_network  # noqa: E402
+from models.model_zoo import TASKS  # noqa: E402
+from models.select_network import define_network  # noqa: E402
 from models.video_inference import infer_video  # noqa: E402
 
 TINY = {"upscale": 4, "img_size": [6, 64, 64], "window_size": [6, 8, 8], "depths": [2] * 7 + [2] * 6,
@@ -61,7 +62,7 @@ def _measure(kind: str, args: argparse.Namespace, amp: str, queue: Any) -> None:
         spec = TASKS[args.task]
         net_type, kwargs, scale, window = spec.net_type, spec.net_kwargs(), spec.scale, spec.window_size
         nonblind = spec.nonblind_denoising
-    net = build_network(net_type, kwargs).eval().to(device)
+    net = define_network(net_type, kwargs).eval().to(device)
     channels = 4 if nonblind else 3
     lq = torch.rand(1, args.frames, channels, *args.size, generator=torch.Generator().manual_seed(0))
     tile, overlap = args.tile, args.tile_overlap

@@ -23,19 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.bench_vrt import Runner, add_run_args, measure  # noqa: E402
+from models.model_zoo import TASKS  # noqa: E402
 from models.network_rvrt import RVRT  # noqa: E402
 
-_RELEASED = {'clip_size': 2, 'window_size': (2, 8, 8), 'num_blocks': (1, 2, 1), 'depths': (2, 2, 2),
-             'num_heads': (6, 6, 6), 'deformable_groups': 12, 'attention_heads': 12, 'attention_window': (3, 3)}
-_SR = {**_RELEASED, 'upscale': 4, 'embed_dims': (144,) * 3, 'inputconv_groups': (1,) * 6}
-_DEBLUR = {**_RELEASED, 'upscale': 1, 'embed_dims': (192,) * 3, 'inputconv_groups': (1, 3, 3, 3, 3, 3)}
 PRESETS: dict[str, dict[str, Any]] = {
     'tiny': {'upscale': 4, 'clip_size': 2, 'window_size': (2, 8, 8), 'num_blocks': (1, 1, 1), 'depths': (2, 2, 2),
              'embed_dims': (24, 24, 24), 'num_heads': (3, 3, 3), 'deformable_groups': 4, 'attention_heads': 4},
     'small': {'upscale': 4, 'clip_size': 2, 'window_size': (2, 8, 8), 'num_blocks': (1, 2, 1), 'depths': (2, 2, 2),
               'embed_dims': (48, 48, 48), 'num_heads': (6, 6, 6), 'deformable_groups': 12, 'attention_heads': 12},
-    '001': _SR, '002': _SR, '003': _SR, '004': _DEBLUR, '005': _DEBLUR,
-    '006': {**_DEBLUR, 'inputconv_groups': (1, 3, 4, 6, 8, 4), 'nonblind_denoising': True},
+    # the released models' constructor settings (001..006)
+    **{name[:3]: spec.net_kwargs() for name, spec in TASKS.items() if spec.net_type == 'rvrt'},
 }
 # default (frames, H, W) of the LQ input per preset: x4 SR on 64x64; upscale 1 needs H, W > 128
 DEFAULT_INPUT = {name: ((4, 64, 64) if cfg['upscale'] == 4 else (4, 192, 192)) for name, cfg in PRESETS.items()}

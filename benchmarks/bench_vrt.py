@@ -30,14 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from models.model_zoo import TASKS  # noqa: E402
 from models.network_vrt import VRT  # noqa: E402
+from models.select_network import network_kwargs  # noqa: E402
 
-_BIG = {'depths': (8,) * 7 + (4,) * 6, 'indep_reconsts': (11, 12), 'embed_dims': (120,) * 7 + (180,) * 6,
-        'num_heads': (6,) * 13}
-_SMALL = {'depths': (8,) * 7 + (4,) * 4, 'indep_reconsts': (9, 10), 'embed_dims': (96,) * 7 + (120,) * 4,
-          'num_heads': (6,) * 11}
-_DEBLUR = {'upscale': 1, 'img_size': (6, 192, 192), 'window_size': (6, 8, 8), 'pa_frames': 2,
-           'deformable_groups': 16, **_SMALL}
 PRESETS: dict[str, dict[str, Any]] = {
     'tiny': {'upscale': 4, 'img_size': (6, 64, 64), 'window_size': (6, 8, 8), 'depths': (2,) * 7 + (2,) * 6,
              'indep_reconsts': (11, 12), 'embed_dims': (24,) * 7 + (36,) * 6, 'num_heads': (3,) * 13,
@@ -45,21 +41,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     'small': {'upscale': 4, 'img_size': (6, 64, 64), 'window_size': (6, 8, 8), 'depths': (4,) * 7 + (2,) * 6,
               'indep_reconsts': (11, 12), 'embed_dims': (48,) * 7 + (72,) * 6, 'num_heads': (6,) * 13,
               'pa_frames': 2, 'deformable_groups': 8},
-    # constructor settings of the released models (official main_test_vrt.py)
-    '001': {'upscale': 4, 'img_size': (6, 64, 64), 'window_size': (6, 8, 8), 'pa_frames': 2,
-            'deformable_groups': 12, **_BIG},
-    '002': {'upscale': 4, 'img_size': (16, 64, 64), 'window_size': (8, 8, 8), 'pa_frames': 6,
-            'deformable_groups': 24, **_BIG},
-    '003': {'upscale': 4, 'img_size': (8, 64, 64), 'window_size': (8, 8, 8), 'pa_frames': 4,
-            'deformable_groups': 16, **_BIG},
-    '004': {'upscale': 4, 'img_size': (8, 64, 64), 'window_size': (8, 8, 8), 'pa_frames': 4,
-            'deformable_groups': 16, **_BIG},
-    '005': _DEBLUR, '006': _DEBLUR, '007': _DEBLUR,
-    '008': {**_DEBLUR, 'nonblind_denoising': True},
-    '009': {'upscale': 1, 'img_size': (4, 192, 192), 'window_size': (4, 8, 8), 'pa_frames': 0,
-            **{**_SMALL, 'indep_reconsts': ()}},
+    # the released models' constructor settings (001..009)
+    **{name[:3]: spec.net_kwargs() for name, spec in TASKS.items() if spec.net_type == 'vrt'},
 }
-META_KEYS = ('net_type', 'init_type', 'init_bn_type', 'init_gain')
 
 
 def _kwargs_from_opt(path: str) -> dict[str, Any]:
@@ -74,7 +58,7 @@ def _kwargs_from_opt(path: str) -> dict[str, Any]:
     net = tree['netG']
     if net.get('net_type', 'vrt').lower() != 'vrt':
         raise SystemExit(f"{path}: netG.net_type is {net.get('net_type')!r}; this benchmark is for VRT")
-    return {k: v for k, v in net.items() if k not in META_KEYS}
+    return network_kwargs(net)
 
 
 def _load_reference(directory: str) -> type[nn.Module]:

@@ -43,6 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from data.dataset_options import AUGMENT, NOISE_RANGE, RGB_CHANNELS, at_least, resolve_options
+from utils.utils_option_schema import NUM, OPT_INT, Opt
+
 logger = logging.getLogger(__name__)
 
 TASKS = ("sr", "deblur", "denoise", "vfi")
@@ -306,24 +309,28 @@ def _to_tensor(frames: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(frames.transpose(0, 3, 1, 2), dtype=np.float32))
 
 
-def _get(opt: dict[str, Any], key: str, default: Any, kind: type, cls: str, minimum: float | None = None) -> Any:
-    value = opt.get(key, default)
-    if value is None:
-        value = default
-    ok = isinstance(value, kind) and not isinstance(value, bool) if kind is not bool else isinstance(value, bool)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok or (minimum is not None and value < minimum):
-        bound = f" >= {minimum}" if minimum is not None else ""
-        raise ValueError(f"{cls}: option '{key}' = {value!r} is invalid; expected {kind.__name__}{bound}")
-    return value
+def _refuse_lq_size(value: Any) -> str | None:
+    sizes = [value, value] if isinstance(value, int) else value
+    ok = len(sizes) == 2 and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
+    return None if ok else "expected [h, w] (or one integer) of positive sizes"
+
+
+# keys of both synthetic sets (each default written once)
+_SYNTHETIC_OPTIONS: dict[str, Opt] = {
+    "n_channels": RGB_CHANNELS,
+    "task": Opt(str, "sr", "Degradation: `sr` (x`scale` antialiased bicubic), `deblur` (motion blur over the "
+                "exposure), `denoise` (Gaussian noise plus the sigma map) or `vfi` (frames 0, 2, 4, 6 -> frame 3).",
+                choices=TASKS),
+    "scale": Opt(OPT_INT, None, "Upscaling factor, only `sr` takes more than 1 (default: the top-level `scale`; "
+                 "null: 4 for `sr`, 1 otherwise).", refuse=at_least(1)),
+    "num_frame": Opt(int, 6, "Frames per clip (`vfi` always renders 7 and takes 4 inputs).", refuse=at_least(1)),
+}
 
 
 def _task_and_scale(opt: dict[str, Any], cls: str) -> tuple[str, int]:
-    task = str(opt.get("task", "sr")).lower()
-    if task not in TASKS:
-        raise ValueError(f"{cls}: option 'task' = {opt.get('task')!r} is invalid; expected one of {list(TASKS)}")
-    scale = _get(opt, "scale", 4 if task == "sr" else 1, int, cls, minimum=1)
+    task, scale = opt["task"], opt["scale"]
+    if scale is None:  # built directly: the scale the task implies
+        scale = 4 if task == "sr" else 1
     if task != "sr" and scale != 1:
         raise ValueError(f"{cls}: option 'scale' = {scale} is invalid for task '{task}'; only 'sr' takes scale > 1")
     return task, scale
@@ -375,30 +382,39 @@ class _SeededClips(Dataset):
 class SyntheticVideoTrainDataset(_SeededClips):
     """Training clips rendered on the fly; item ``i`` is a deterministic function of ``(seed, i)``.
 
-    Options (``opt`` is read, never modified): ``task`` ('sr' | 'deblur' | 'denoise' | 'vfi', default 'sr'),
-    ``scale`` (4 for 'sr', else 1), ``num_frame`` (6; 'vfi' always renders 7), ``gt_size`` (256), ``num_clips``
-    (dataset length, 1000), ``seed`` (0), ``sigma_min`` / ``sigma_max`` (0 / 50, 'denoise'), ``use_hflip`` /
-    ``use_rot`` (True / True: hflip, vflip and transpose shared by all frames, as the real training sets).
+    Options: the keys of :attr:`OPTIONS` (plus the common dataset keys); ``opt`` is read, never modified.
+    Augmentation (``use_hflip`` / ``use_rot``) is shared by all frames, as in the real training sets.
 
     Items: ``{'L': (T, C, gt_size // scale, gt_size // scale), 'H': (T', 3, gt_size, gt_size), 'key': str}``,
     float32 in [0, 1] (denoising ``L`` is unclipped, C = 4; 'vfi': ``L`` (4, 3, ...), ``H`` (1, 3, ...)).
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **_SYNTHETIC_OPTIONS,
+        "gt_size": Opt(int, 256, "Side of the square GT clip in pixels (divisible by `scale`, at least 4 x scale).",
+                       refuse=at_least(4)),
+        "num_clips": Opt(int, 1000, "Dataset length: item i is rendered from (seed, i).", refuse=at_least(1)),
+        "seed": Opt(int, 0, "Seed of the clips (and of their augmentation and noise).", refuse=at_least(0)),
+        **NOISE_RANGE,
+        **AUGMENT,
+    }
+
     def __init__(self, opt: dict[str, Any]) -> None:
         cls = type(self).__name__
+        self.opt = opt = resolve_options(type(self), opt)
         self.task, self.scale = _task_and_scale(opt, cls)
-        self.num_frame = _get(opt, "num_frame", 6, int, cls, minimum=1)
-        self.gt_size = _get(opt, "gt_size", 256, int, cls, minimum=4 * self.scale)
-        if self.gt_size % self.scale:
-            raise ValueError(f"{cls}: option 'gt_size' = {self.gt_size} is not divisible by scale {self.scale}")
-        self.num_clips = _get(opt, "num_clips", 1000, int, cls, minimum=1)
-        self.seed = _get(opt, "seed", 0, int, cls, minimum=0)
-        self.sigma_range = (_get(opt, "sigma_min", 0.0, float, cls, minimum=0.0),
-                            _get(opt, "sigma_max", 50.0, float, cls, minimum=0.0))
+        self.num_frame = opt["num_frame"]
+        self.gt_size = opt["gt_size"]
+        if self.gt_size % self.scale or self.gt_size < 4 * self.scale:
+            raise ValueError(f"{cls}: option 'gt_size' = {self.gt_size} must be a multiple of scale {self.scale} "
+                             f"and at least {4 * self.scale}")
+        self.num_clips = opt["num_clips"]
+        self.seed = opt["seed"]
+        self.sigma_range = (float(opt["sigma_min"]), float(opt["sigma_max"]))
         if self.sigma_range[0] > self.sigma_range[1]:
             raise ValueError(f"{cls}: 'sigma_min' = {self.sigma_range[0]} exceeds 'sigma_max' = {self.sigma_range[1]}")
-        self.augment = (_get(opt, "use_hflip", True, bool, cls), _get(opt, "use_rot", True, bool, cls))
-        if self.task == "vfi" and "num_frame" in opt and opt["num_frame"] not in (None, VFI_FRAMES):
+        self.augment = (opt["use_hflip"], opt["use_rot"])
+        if self.task == "vfi" and opt["num_frame"] != VFI_FRAMES:
             logger.info("%s: task 'vfi' renders %d frames; 'num_frame' = %s is ignored", cls, VFI_FRAMES,
                         opt["num_frame"])
 
@@ -412,28 +428,36 @@ class SyntheticVideoTrainDataset(_SeededClips):
 class SyntheticVideoTestDataset(_SeededClips):
     """Whole validation clips rendered on the fly (no crop, no augmentation), deterministic by ``(seed, index)``.
 
-    Options (``opt`` is read, never modified): ``task``, ``scale`` (as for training), ``num_clips`` (2),
-    ``num_frame`` (6; 'vfi' always renders 7 and takes 4 inputs), ``lq_size`` ([h, w] of LQ frames, or one int,
-    default [64, 64]), ``seed`` (1234), ``sigma`` (fixed noise level on the 0-255 scale for 'denoise', 30).
+    Options: the keys of :attr:`OPTIONS` (plus the common dataset keys); ``opt`` is read, never modified.
 
     Items: ``{'L': (T, C, h, w), 'H': (T, 3, h * scale, w * scale) ('vfi': (1, 3, h, w)), 'folder': 'clip_000',
     'lq_path': [...], 'gt_path': [...]}`` with pseudo frame names ``'clip_000/00000000.png'`` (for 'vfi' both lists
     hold the one interpolated frame, ``'clip_000/00000003.png'``).
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **_SYNTHETIC_OPTIONS,
+        "num_clips": Opt(int, 2, "Number of validation clips: clip i is rendered from (seed, i).", refuse=at_least(1)),
+        "seed": Opt(int, 1234, "Seed of the clips (and of their noise).", refuse=at_least(0)),
+        "lq_size": Opt((list, int), [64, 64], "[h, w] of the LQ frames (one integer: square); GT is `scale` times "
+                       "larger.", refuse=_refuse_lq_size),
+        "sigma": Opt(NUM, 30, "Noise std of `denoise` on the [0, 255] scale (one fixed level for every clip).",
+                     refuse=at_least(0)),
+    }
+
     def __init__(self, opt: dict[str, Any]) -> None:
         cls = type(self).__name__
+        self.opt = opt = resolve_options(type(self), opt)
         self.task, self.scale = _task_and_scale(opt, cls)
-        self.num_clips = _get(opt, "num_clips", 2, int, cls, minimum=1)
-        self.num_frame = _get(opt, "num_frame", 6, int, cls, minimum=1)
-        self.seed = _get(opt, "seed", 1234, int, cls, minimum=0)
-        self.sigma = _get(opt, "sigma", 30.0, float, cls, minimum=0.0)
-        lq_size = opt.get("lq_size", [64, 64])
+        self.num_clips = opt["num_clips"]
+        self.num_frame = opt["num_frame"]
+        self.seed = opt["seed"]
+        self.sigma = float(opt["sigma"])
+        lq_size = opt["lq_size"]
         lq_size = [lq_size, lq_size] if isinstance(lq_size, int) else lq_size
-        if (not isinstance(lq_size, (list, tuple)) or len(lq_size) != 2
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s * self.scale >= 4 for s in lq_size)):
-            raise ValueError(f"{cls}: option 'lq_size' = {opt.get('lq_size')!r} is invalid; expected [h, w] with "
-                             f"h * scale and w * scale >= 4")
+        if any(s * self.scale < 4 for s in lq_size):
+            raise ValueError(f"{cls}: option 'lq_size' = {opt['lq_size']!r} is too small; need h * scale and "
+                             "w * scale >= 4")
         self.lq_size = (int(lq_size[0]), int(lq_size[1]))
 
     def __getitem__(self, index: int) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from data.dataset_video_test import add_noise
+from data.dataset_options import RGB_CHANNELS, resolve_options
+from data.dataset_video_test import NOISE_OPTIONS, add_noise
+from utils.utils_option_schema import OPT_STR, REQUIRED, Opt
 from utils.utils_video_file import VideoFileError, VideoReader, VideoWriter
 
 logger = logging.getLogger(__name__)
@@ -113,23 +115,32 @@ class VideoFileTestDataset(Dataset):
     reported up front; the frames are decoded lazily, one clip per item.
 
     Args:
-        opt: ``dataroot_lq`` (a video file or a directory of them), ``dataroot_gt`` (optional: a video file or a
-            directory holding videos of the same names), ``sigma`` (0-255; with GT and ``sigma > 0`` the input is
-            GT plus Gaussian noise of that level, seeded by 0, with the sigma map as a 4th channel, like
-            ``VideoRecurrentTestDataset``).
+        opt: the keys of :attr:`OPTIONS` (plus the common dataset keys); not modified. With GT and ``sigma > 0``
+            the input is GT plus Gaussian noise (seed ``noise_seed``) with the sigma map as a 4th channel, like
+            ``VideoRecurrentTestDataset``.
 
     Raises:
+        utils.utils_option.OptionError: an unknown key or a wrong type.
         FileNotFoundError: no LQ video, or GT videos missing.
         VideoFileError: a file that is not a readable video (its path in the message).
     """
 
+    OPTIONS: dict[str, Opt] = {
+        "n_channels": RGB_CHANNELS,
+        **NOISE_OPTIONS,
+        "dataroot_lq": Opt(str, REQUIRED, f"A video file, or a folder of them ({', '.join(VIDEO_EXTENSIONS)})."),
+        "dataroot_gt": Opt(OPT_STR, None, "The GT video, or a folder of GT videos named like the LQ ones (null: "
+                           "no scores)."),
+    }
+
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__()
+        self.opt = opt = resolve_options(type(self), opt)
         self.lq_files = list_videos(opt["dataroot_lq"])
         if not self.lq_files:
             raise FileNotFoundError(f"dataroot_lq={opt['dataroot_lq']!r}: no video file "
                                     f"({', '.join(VIDEO_EXTENSIONS)})")
-        gt_root = opt.get("dataroot_gt")
+        gt_root = opt["dataroot_gt"]
         self.gt_files: list[str | None] = [None] * len(self.lq_files)
         if gt_root:
             if is_video_file(gt_root):
@@ -144,7 +155,8 @@ class VideoFileTestDataset(Dataset):
                     raise FileNotFoundError(f"GT videos missing for {len(missing)} LQ video(s), e.g. {missing[0]}")
         for path in self.lq_files + [p for p in self.gt_files if p is not None]:
             VideoReader(path).close()  # raises VideoFileError naming an unreadable file
-        self.sigma = float(opt.get("sigma", 0) or 0) / 255.0
+        self.sigma = opt["sigma"] / 255.0
+        self.noise_seed = opt["noise_seed"]
 
     def __len__(self) -> int:
         return len(self.lq_files)
@@ -162,7 +174,7 @@ class VideoFileTestDataset(Dataset):
                 raise VideoFileError(f"{lq_file} has {lq.shape[0]} frames but its GT {gt_file} has {gt.shape[0]}")
             item["H"] = gt
             if self.sigma:
-                lq = add_noise(gt, self.sigma, seed=0)
+                lq = add_noise(gt, self.sigma, seed=self.noise_seed)
         item["L"] = lq
         names = [f"{i:08d}" for i in range(lq.shape[0])]
         item["lq_path"] = [os.path.join(stem, n) for n in names]

@@ -4,12 +4,13 @@ Items: ``{'L': (T, C, h, w), 'H': (T', 3, H, W), 'folder': str, 'lq_path': list[
 float32 RGB in [0, 1]; ``lq_path``/``gt_path`` are always lists of file paths (also with ``cache_data``). With
 ``sigma`` (non-blind denoising) ``L`` is the noisy GT plus the sigma map as channel 4; the noise comes from a
 local generator seeded with ``noise_seed`` (default 0: the official script's ``torch.manual_seed(0)`` noise for
-every clip), so it is the same on any rank and worker and the global RNG is never touched.
+every clip), so it is the same on any rank and worker and the global RNG is never touched. Each class's
+``OPTIONS`` lists the keys it takes; KAIR keys the test sets cannot honour (``io_backend`` other than disk,
+``num_frame`` other than -1 for whole clips) are refused with the reason.
 """
 
 from __future__ import annotations
 
-import copy
 import glob
 import logging
 import os
@@ -19,7 +20,10 @@ import torch
 import torchvision.transforms.functional as TF
 from torch.utils.data import Dataset
 
-from data.dataset_video_train import read_meta_lines, vimeo_neighbors
+from data.dataset_options import RGB_CHANNELS, at_least, only, resolve_options
+from data.dataset_video_train import VIMEO_FRAME_OPTIONS, read_meta_lines, vimeo_neighbors
+from utils.utils_option import OptionError
+from utils.utils_option_schema import NUM, OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError, check_problems, list_frames, read_img_seq
 
 logger = logging.getLogger(__name__)
@@ -33,6 +37,24 @@ __all__ = [
     "VideoTestVimeo90KDataset",
     "add_noise",
 ]
+
+
+# options shared by the test sets (each default written once)
+_CACHE = Opt(bool, False, "Decode every clip when the dataset is built and keep it in RAM (faster repeated "
+             "validation; memory: the whole test set as float32).")
+_DISK_ONLY = Opt(dict, {"type": "disk"}, 'Only `{"type": "disk"}`: test clips are read from frame folders (KAIR\'s '
+                 "files set it; its test sets ignore it).", refuse=only({"type": "disk"}, "test clips are read from "
+                                                                         "frame folders; only {\"type\": \"disk\"}"))
+_WHOLE_CLIPS = Opt(int, -1, "Only -1: a test item is a whole clip (tile it in time with `val.num_frame_testing`).",
+                   refuse=only(-1, "a test item is a whole clip; tile it in time with val.num_frame_testing"))
+_META_NAMES = Opt(OPT_STR, None, "Clip list: the first field of each line names a clip folder (null: every "
+                  "sub-folder, sorted).")
+NOISE_OPTIONS: dict[str, Opt] = {
+    "sigma": Opt(NUM, 0, "Non-blind denoising: the input is GT plus Gaussian noise of this std ([0, 255] scale), "
+                 "unclipped, with the sigma map as channel 4 (0: the LQ frames are read).", refuse=at_least(0)),
+    "noise_seed": Opt(int, 0, "Seed of that noise (a local generator; 0 gives the official test script's noise, "
+                      "`torch.manual_seed(0)` before each clip)."),
+}
 
 
 def add_noise(gt: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
@@ -60,7 +82,7 @@ def sigma_map(lq: torch.Tensor, sigma: float) -> torch.Tensor:
 def _subfolders(root: str, opt: dict[str, Any]) -> list[str]:
     if not root or not os.path.isdir(root):
         raise DataCheckError(f"test data folder {root!r} does not exist")
-    if opt.get("meta_info_file"):
+    if opt["meta_info_file"]:
         return _meta_names(opt)
     return sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(root), "*")) if os.path.isdir(p))
 
@@ -90,18 +112,31 @@ class SingleVideoRecurrentTestDataset(Dataset):
     non-blind denoisers can run without GT, which KAIR cannot do).
 
     Args:
-        opt: ``dataroot_lq``; optional ``meta_info_file`` (clip names, first field), ``cache_data``, ``sigma``
-            ([0, 255] scale).
+        opt: the keys of :attr:`OPTIONS` (plus the common dataset keys); not modified.
 
     Item: ``{'L': (T, C, h, w), 'folder': str, 'lq_path': list[str]}``.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        "n_channels": RGB_CHANNELS,
+        "dataroot_lq": Opt(str, REQUIRED, "Folder of clip folders, `<clip>/<frames>` (sorted image files)."),
+        "dataroot_gt": Opt(OPT_STR, None, "Only null: this set reads LQ alone (VideoRecurrentTestDataset scores "
+                           "against GT).", refuse=only(None, "this dataset reads LQ only; use "
+                                                       "VideoRecurrentTestDataset to score against GT")),
+        "meta_info_file": _META_NAMES,
+        "cache_data": _CACHE,
+        "sigma": Opt(NUM, 0, "Non-blind denoising of already noisy clips: their noise std ([0, 255] scale), "
+                     "appended as the sigma map (channel 4); 0: none.", refuse=at_least(0)),
+        "io_backend": _DISK_ONLY,
+        "num_frame": _WHOLE_CLIPS,
+    }
+
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__()
-        self.opt = opt = copy.deepcopy(dict(opt))
-        self.cache_data = bool(opt.get("cache_data", False))
-        self.sigma = float(opt.get("sigma") or 0) / 255.0
-        self.lq_root = opt.get("dataroot_lq")
+        self.opt = opt = resolve_options(type(self), opt)
+        self.cache_data = opt["cache_data"]
+        self.sigma = opt["sigma"] / 255.0
+        self.lq_root = opt["dataroot_lq"]
         self.lq_paths = self._frames(self.lq_root)
         self.folders = list(self.lq_paths)
         self.cache: dict[str, torch.Tensor] = {}
@@ -137,25 +172,39 @@ class VideoRecurrentTestDataset(SingleVideoRecurrentTestDataset):
     """Paired clips ``<dataroot_lq>/<clip>/*`` and ``<dataroot_gt>/<clip>/*`` (REDS4, Vid4, DVD10, GoPro11, Set8...).
 
     LQ and GT clips are matched by name and must have the same frame count. With a non-zero ``sigma`` the LQ
-    folder is ignored and ``L`` is synthesised from GT (:func:`add_noise`, seed ``noise_seed`` (0), plus the clip
+    folder is not read and ``L`` is synthesised from GT (:func:`add_noise`, seed ``noise_seed``, plus the clip
     index when ``noise_seed_per_clip`` is true).
 
     Args:
-        opt: ``dataroot_gt``, ``dataroot_lq`` (ignored with ``sigma``); optional ``meta_info_file``,
-            ``cache_data``, ``sigma``, ``noise_seed``, ``noise_seed_per_clip``.
+        opt: the keys of :attr:`OPTIONS` (plus the common dataset keys); not modified.
 
     Item: ``{'L': (T, C, h, w), 'H': (T, 3, H, W), 'folder', 'lq_path', 'gt_path'}``.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **SingleVideoRecurrentTestDataset.OPTIONS,
+        **NOISE_OPTIONS,
+        "dataroot_gt": Opt(str, REQUIRED, "GT clip folders, matched to the LQ clips by name (same frame counts)."),
+        "dataroot_lq": Opt(OPT_STR, None, "LQ clip folders `<clip>/<frames>`; required unless `sigma` > 0, which "
+                           "synthesises the input from GT (then it is not read)."),
+        "noise_seed_per_clip": Opt(bool, False, "Add the clip index to `noise_seed` (false: every clip gets the "
+                                   "same noise draw, as in the official script)."),
+    }
+
     def __init__(self, opt: dict[str, Any]) -> None:
         Dataset.__init__(self)
-        self.opt = opt = copy.deepcopy(dict(opt))
+        self.opt = opt = resolve_options(type(self), opt)
         name = type(self).__name__
-        self.cache_data = bool(opt.get("cache_data", False))
-        self.sigma = float(opt.get("sigma") or 0) / 255.0
-        self.noise_seed = int(opt.get("noise_seed", 0))
-        self.noise_seed_per_clip = bool(opt.get("noise_seed_per_clip", False))
-        self.gt_root, self.lq_root = opt.get("dataroot_gt"), opt.get("dataroot_lq")
+        self.cache_data = opt["cache_data"]
+        self.sigma = opt["sigma"] / 255.0
+        self.noise_seed = opt["noise_seed"]
+        self.noise_seed_per_clip = opt["noise_seed_per_clip"]
+        self.gt_root, self.lq_root = opt["dataroot_gt"], opt["dataroot_lq"]
+        if not self.sigma and self.lq_root is None:
+            raise OptionError(f"option '{name}.dataroot_lq' is required when sigma is 0 (no noise is synthesised)")
+        if self.sigma and self.lq_root is not None:
+            logger.info("%s: dataroot_lq is not read: with sigma %s the input is synthesised from GT", name,
+                        opt["sigma"])
         self.gt_paths = self._frames(self.gt_root)
         self.folders = list(self.gt_paths)
         if self.sigma:
@@ -193,18 +242,29 @@ class VideoTestVimeo90KDataset(Dataset):
     ``pad_sequence`` repeats the last LQ frame; ``mirror_sequence`` appends the reversed clip.
 
     Args:
-        opt: ``dataroot_gt``, ``dataroot_lq``, ``meta_info_file``, ``num_frame`` (-1 = 7), optional
-            ``temporal_scale``, ``pad_sequence``, ``mirror_sequence``, ``cache_data``.
+        opt: the keys of :attr:`OPTIONS` (plus the common dataset keys); not modified.
 
     Item: ``{'L': (T, 3, h, w), 'H': (1, 3, H, W), 'folder': 'clip/seq', 'idx': 'k/N', 'border': 0,
     'lq_path': list[str], 'gt_path': [str]}``.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        "n_channels": RGB_CHANNELS,
+        **VIMEO_FRAME_OPTIONS,
+        "dataroot_gt": Opt(str, REQUIRED, "Vimeo-90K-T `sequences` folder; the GT is `<clip>/<seq>/im4.png`."),
+        "dataroot_lq": Opt(str, REQUIRED, "LQ `sequences` folder (`im1.png`..`im7.png`); for interpolation the GT "
+                           "folder itself."),
+        "meta_info_file": Opt(str, REQUIRED, "Sequence list, first field `clip/seq` "
+                              "(`data/meta_info/meta_info_Vimeo90K_test_GT.txt` or its fast/medium/slow splits)."),
+        "cache_data": _CACHE,
+        "io_backend": _DISK_ONLY,
+    }
+
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__()
-        self.opt = opt = copy.deepcopy(dict(opt))
-        frames = vimeo_neighbors(int(opt.get("num_frame", -1)), int(opt.get("temporal_scale", 1)))
-        self.pad_sequence, self.mirror_sequence = bool(opt.get("pad_sequence")), bool(opt.get("mirror_sequence"))
+        self.opt = opt = resolve_options(type(self), opt)
+        frames = vimeo_neighbors(opt["num_frame"], opt["temporal_scale"])
+        self.pad_sequence, self.mirror_sequence = opt["pad_sequence"], opt["mirror_sequence"]
         self.folders = _meta_names(opt)
         gt_root, lq_root = opt["dataroot_gt"], opt["dataroot_lq"]
         self.gt_paths = [os.path.join(gt_root, f, "im4.png") for f in self.folders]
@@ -213,7 +273,7 @@ class VideoTestVimeo90KDataset(Dataset):
         check_problems([p for p in every if not os.path.isfile(p)], f"{type(self).__name__}: missing frames")
         _first_decodes({"lq": self.lq_paths[0][:1], "gt": self.gt_paths[:1]}, f"{type(self).__name__}: unreadable")
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if opt.get("cache_data"):
+        if opt["cache_data"]:
             self.cache = [(read_img_seq(lq), read_img_seq([gt])) for lq, gt in zip(self.lq_paths, self.gt_paths)]
 
     def __len__(self) -> int:
@@ -232,23 +292,26 @@ class VideoTestVimeo90KDataset(Dataset):
                 "lq_path": list(self.lq_paths[index]), "gt_path": [self.gt_paths[index]]}
 
 
-def _vfi_root(opt: dict[str, Any] | str | None, data_root: str | None) -> str:
-    if isinstance(opt, str):
-        data_root = opt
-    elif isinstance(opt, dict):
-        data_root = opt.get("dataroot_gt") or opt.get("data_root") or opt.get("dataroot_lq") or data_root
-    if not data_root or not os.path.isdir(data_root):
-        raise DataCheckError(f"VFI test data folder {data_root!r} does not exist (set dataroot_gt)")
-    return data_root
-
-
 class _VFIBase(Dataset):
-    """Quadruplet -> middle frame test sets. ``sets``: ``(folder, [in0, in1, in2, in3], gt)`` per item."""
+    """Quadruplet -> middle frame test sets, built from an option dict (``dataroot_gt``) or, as in KAIR, from a
+    folder (``data_root=``). A subclass lists its items with :meth:`_build`: ``(folder, [in0, in1, in2, in3], gt)``.
+    """
 
+    OPTIONS: dict[str, Opt] = {"n_channels": RGB_CHANNELS}
     crop: tuple[int, int] | None = None
 
-    def __init__(self, sets: list[tuple[str, list[str], str]]) -> None:
-        super().__init__()
+    def _root(self, opt: dict[str, Any] | str | None, data_root: str | None) -> str:
+        """Resolve the options (a dict, or KAIR's ``data_root`` folder) and return the existing ``dataroot_gt``."""
+        if not isinstance(opt, dict):
+            root = opt or data_root
+            opt = {} if root is None else {"dataroot_gt": root}
+        self.opt = resolve_options(type(self), opt)
+        root = self.opt["dataroot_gt"]
+        if not os.path.isdir(root):
+            raise DataCheckError(f"{type(self).__name__}: test data folder {root!r} does not exist")
+        return root
+
+    def _build(self, sets: list[tuple[str, list[str], str]]) -> None:
         self.sets = sets
         if not sets:
             raise DataCheckError(f"{type(self).__name__}: no frame quadruplet found")
@@ -278,16 +341,21 @@ class VFI_DAVIS(_VFIBase):
     Item: ``{'L': (4, 3, 480, 840), 'H': (1, 3, 480, 840), 'folder': str(index), 'lq_path', 'gt_path'}``.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **_VFIBase.OPTIONS,
+        "dataroot_gt": Opt(str, REQUIRED, "DAVIS folder of clip folders of frames (inputs and targets alike)."),
+    }
     crop = (480, 840)
 
     def __init__(self, opt: dict[str, Any] | str | None = None, data_root: str | None = None) -> None:
-        root = _vfi_root(opt, data_root)
+        super().__init__()
+        root = self._root(opt, data_root)
         sets = []
         for clip in _clip_dirs(root):
             paths = list_frames(os.path.join(root, clip))
             for s in range(0, len(paths) - 6, 2):
                 sets.append((str(len(sets)), paths[s:s + 7:2], paths[s + 3]))
-        super().__init__(sets)
+        self._build(sets)
 
 
 class VFI_UCF101(_VFIBase):
@@ -296,13 +364,19 @@ class VFI_UCF101(_VFIBase):
     Item: ``{'L': (4, 3, 224, 224), 'H': (1, 3, 224, 224), 'folder': item name, 'lq_path', 'gt_path'}``.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **_VFIBase.OPTIONS,
+        "dataroot_gt": Opt(str, REQUIRED, "UCF101 folder of items, each holding `frame0.png`..`frame3.png` (inputs) "
+                           "and `framet.png` (target)."),
+    }
     crop = (224, 224)
 
     def __init__(self, opt: dict[str, Any] | str | None = None, data_root: str | None = None) -> None:
-        root = _vfi_root(opt, data_root)
+        super().__init__()
+        root = self._root(opt, data_root)
         sets = [(d, [os.path.join(root, d, f"frame{i}.png") for i in range(4)], os.path.join(root, d, "framet.png"))
                 for d in _clip_dirs(root)]
-        super().__init__(sets)
+        self._build(sets)
 
 
 class VFI_Vid4(_VFIBase):
@@ -312,8 +386,14 @@ class VFI_Vid4(_VFIBase):
     Item: ``{'L': (4, 3, H, W), 'H': (1, 3, H, W), 'folder': clip, 'lq_path', 'gt_path'}``.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **_VFIBase.OPTIONS,
+        "dataroot_gt": Opt(str, REQUIRED, "Vid4 folder of clip folders of frames (inputs and targets alike)."),
+    }
+
     def __init__(self, opt: dict[str, Any] | str | None = None, data_root: str | None = None) -> None:
-        root = _vfi_root(opt, data_root)
+        super().__init__()
+        root = self._root(opt, data_root)
         sets = []
         for clip in _clip_dirs(root):
             paths: list[str | None] = list(list_frames(os.path.join(root, clip)))
@@ -325,4 +405,4 @@ class VFI_Vid4(_VFIBase):
             for s in range(0, len(paths) - 6, 2):
                 inputs = paths[s:s + 7:2]
                 sets.append((clip, [str(p) for p in inputs], str(paths[s + 3])))
-        super().__init__(sets)
+        self._build(sets)

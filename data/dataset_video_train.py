@@ -3,7 +3,8 @@
 Items: ``{'L': (T, C, h, w), 'H': (T', 3, H, W), 'key': str}``, float32 RGB in [0, 1] (C = 4 for non-blind
 denoising: the noise-level map is channel 4). Randomness comes from the module RNGs (``random`` for sampling,
 crop and flips, ``torch`` for noise and colour jitter), which the trainer seeds per item; a dataset never
-reseeds them. Option dicts are copied, never modified.
+reseeds them. Each class's ``OPTIONS`` lists the keys it takes (type, default, meaning); its option dict is
+checked and completed against them when it is built (:mod:`data.dataset_options`), never modified.
 
 Differences from KAIR (fixes): ``val_partition`` is held out whatever the dataset's ``name``; ``num_frame: -1``
 means all 7 Vimeo frames; Vimeo ``random_reverse`` does not mutate state; every file / key is checked when the
@@ -12,7 +13,6 @@ dataset is built (one error naming the first offenders), and a sample of frames 
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
 from typing import Any
@@ -22,7 +22,9 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import transforms
 
+from data.dataset_options import AUGMENT, NOISE_RANGE, RGB_CHANNELS, at_least, only, resolve_options
 from utils import utils_video
+from utils.utils_option_schema import OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError, FrameStore, check_problems
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 VAL_PARTITIONS = {"REDS4": ("000", "011", "015", "020"), "official": tuple(f"{v:03d}" for v in range(240, 270))}
-DEFAULT_DECODE_SAMPLES = 64
+_NO_PARTITION = (None, "", "none", "None")
 
 
 def read_meta_lines(path: str) -> list[str]:
@@ -84,16 +86,34 @@ def read_meta_info(path: str, fields: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def _partition(opt: dict[str, Any]) -> tuple[str, ...]:
-    value = opt.get("val_partition")
-    if value in (None, "", "none", "None"):
+def _partition(value: str | list | None) -> tuple[str, ...]:
+    """The clip names held out by a (valid) ``val_partition`` value."""
+    if value in _NO_PARTITION:
         return ()
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         return tuple(str(v) for v in value)
-    if value not in VAL_PARTITIONS:
-        raise ValueError(f"val_partition={value!r} is not supported; use one of {sorted(VAL_PARTITIONS)}, "
-                         "a list of clip names, or null")
     return VAL_PARTITIONS[value]
+
+
+def _refuse_partition(value: Any) -> str | None:
+    if value in _NO_PARTITION or isinstance(value, list) or value in VAL_PARTITIONS:
+        return None
+    return f"use one of {sorted(VAL_PARTITIONS)}, a list of clip names, or null"
+
+
+def _refuse_intervals(value: list) -> str | None:
+    ok = value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    return None if ok else "must be a non-empty list of integers >= 1"
+
+
+def _refuse_backend(value: dict) -> str | None:
+    if list(value) == ["type"] and value["type"] in ("disk", "lmdb"):
+        return None
+    return 'must be {"type": "disk"} (frame folders) or {"type": "lmdb"} (memcached is not supported)'
+
+
+def _refuse_vimeo_frames(value: int) -> str | None:
+    return None if value == -1 or 1 <= value <= 7 else "a Vimeo septuplet has 7 frames: use 1..7, or -1 for all"
 
 
 def _check_roots(stores: list[FrameStore], what: str) -> None:
@@ -140,8 +160,34 @@ def _check_decodes(entries: list[tuple[FrameStore, int, list[str]]], samples: in
     FrameStore.close_all()  # the DataLoader workers re-open the LMDBs themselves
 
 
-def _as_bool(opt: dict[str, Any], key: str, default: bool = False) -> bool:
-    return bool(opt.get(key, default))
+# options of every training set that crops and augments stored clips (REDS-style and Vimeo)
+_CLIP_OPTIONS: dict[str, Opt] = {
+    "n_channels": RGB_CHANNELS,
+    "scale": Opt(int, 4, "Upscaling factor: LQ frames are 1/scale of the GT size (default: the top-level `scale`; "
+                 "4 for a dataset built directly).", refuse=at_least(1)),
+    "io_backend": Opt(dict, {"type": "disk"}, 'Storage of `dataroot_gt`/`dataroot_lq`: `{"type": "lmdb"}` (LMDBs '
+                      'made by KAIR\'s, BasicSR\'s or our `create_lmdb.py`) or `{"type": "disk"}` (frame folders).',
+                      refuse=_refuse_backend),
+    "filename_ext": Opt(str, "png", "Frame file extension with the disk backend (LMDB keys have none)."),
+    "gt_size": Opt(int, 256, "Side of the square GT crop in pixels; the LQ crop is `gt_size // scale`, at the "
+                   "same place in every frame.", refuse=at_least(1)),
+    "random_reverse": Opt(bool, False, "Reverse the frame order of a clip with probability 0.5."),
+    **AUGMENT,
+    "check_data": Opt(bool, True, "Check when the dataset is built that every frame exists and decode a sample "
+                      "(one error naming the first missing or unreadable files); false skips both."),
+    "check_decode_samples": Opt(int, 64, "Frames per store that `check_data` decodes (spread evenly over the "
+                                "clips, LQ/GT sizes compared); 0: existence only.", refuse=at_least(0)),
+}
+# Vimeo-90K septuplets, training and test
+VIMEO_FRAME_OPTIONS: dict[str, Opt] = {
+    "num_frame": Opt(int, -1, "Centred frames taken of the septuplet's 7 (-1: all 7, as in RVRT's files).",
+                     refuse=_refuse_vimeo_frames),
+    "temporal_scale": Opt(int, 1, "Keep every n-th of those frames (2 with num_frame 7: im1, im3, im5, im7).",
+                          refuse=at_least(1)),
+    "pad_sequence": Opt(bool, False, "Repeat the last frame once (7 -> 8 frames: a whole VRT window of 8)."),
+    "mirror_sequence": Opt(bool, False, "Append the time-reversed clip (7 -> 14 frames, as RVRT trains); in "
+                           "training it replaces `pad_sequence`."),
+}
 
 
 class VideoRecurrentTrainDataset(Dataset):
@@ -152,34 +198,52 @@ class VideoRecurrentTrainDataset(Dataset):
     reverse, paired crop (``gt_size`` in GT, ``gt_size // scale`` in LQ) and shared flips.
 
     Args:
-        opt: ``dataroot_gt``, ``dataroot_lq``, ``meta_info_file``, ``num_frame``, ``io_backend`` and optional
-            ``filename_tmpl`` ('08d'), ``filename_ext`` ('png'), ``gt_size`` (256), ``scale`` (4),
-            ``interval_list`` ([1]), ``random_reverse``, ``use_hflip``, ``use_rot``, ``val_partition``
-            ('REDS4' | 'official' | list | null), ``test_mode``, ``check_data`` (True),
-            ``check_decode_samples`` (64).
+        opt: the keys of :attr:`OPTIONS` (plus the common dataset keys); not modified.
+
+    Raises:
+        utils.utils_option.OptionError: an unknown key, a wrong type or an unsupported value.
+        utils.utils_video.DataCheckError: missing or unreadable files (the first ones named).
 
     Item: ``{'L': (T, 3, gt_size/scale, gt_size/scale), 'H': (T, 3, gt_size, gt_size), 'key': 'clip/frame'}``.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **_CLIP_OPTIONS,
+        "dataroot_gt": Opt(str, REQUIRED, "GT frames: an LMDB with keys `<clip>/<frame>` or a folder of "
+                           "`<clip>/<frame>.<filename_ext>`."),
+        "dataroot_lq": Opt(str, REQUIRED, "LQ frames, laid out like `dataroot_gt` (bicubic x4 frames for SR, "
+                           "blurred frames for deblurring)."),
+        "meta_info_file": Opt(str, REQUIRED, "Clip list, one `clip nframes (h,w,c) start_frame` line per clip "
+                              "(`data/meta_info/`, or `scripts/data_preparation/generate_meta_info.py`)."),
+        "filename_tmpl": Opt(str, "08d", "Format of the frame number in keys and file names (`08d` REDS, `05d` "
+                             "DVD and DAVIS, `06d` GoPro)."),
+        "num_frame": Opt(int, REQUIRED, "Frames per training clip.", refuse=at_least(1)),
+        "interval_list": Opt(list, [1], "Temporal strides; each item draws one at random.",
+                             refuse=_refuse_intervals),
+        "val_partition": Opt((str, list, type(None)), None, "Clips held out of training: `REDS4` (000, 011, 015, "
+                             "020), `official` (240-269), a list of clip names, or null. Unlike KAIR, held out "
+                             "whatever the dataset's `name`.", refuse=_refuse_partition),
+        "test_mode": Opt(bool, False, "Keep only the `val_partition` clips instead of removing them."),
+        "dataroot_flow": Opt(OPT_STR, None, "BasicSR's precomputed optical flow; only null.",
+                             refuse=only(None, "VRT/RVRT estimate flow with SpyNet; remove dataroot_flow")),
+    }
     reads_lq = True
 
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__()
-        self.opt = opt = copy.deepcopy(dict(opt))
+        self.opt = opt = resolve_options(type(self), opt)
         name = type(self).__name__
-        self.scale = int(opt.get("scale", 4)) if self.reads_lq else 1
-        self.gt_size = int(opt.get("gt_size", 256))
-        self.filename_tmpl = str(opt.get("filename_tmpl", "08d"))
-        ext = str(opt.get("filename_ext", "png"))
-        self.num_frame = int(opt.get("num_frame", -1))
-        if self.num_frame < 1:
-            raise ValueError(f"{name}: num_frame must be >= 1, got {self.num_frame}")
-        self.interval_list = [int(v) for v in opt.get("interval_list", [1])]
-        self.random_reverse = _as_bool(opt, "random_reverse")
-        self.use_hflip, self.use_rot = _as_bool(opt, "use_hflip", True), _as_bool(opt, "use_rot", True)
+        self.scale = opt["scale"]
+        self.gt_size = opt["gt_size"]
+        self.filename_tmpl = opt["filename_tmpl"]
+        ext = opt["filename_ext"]
+        self.num_frame = opt["num_frame"]
+        self.interval_list = list(opt["interval_list"])
+        self.random_reverse = opt["random_reverse"]
+        self.use_hflip, self.use_rot = opt["use_hflip"], opt["use_rot"]
 
-        held_out = set(_partition(opt))
-        test_mode = _as_bool(opt, "test_mode")
+        held_out = set(_partition(opt["val_partition"]))
+        test_mode = opt["test_mode"]
         if test_mode and not held_out:
             raise ValueError(f"{name}: test_mode keeps only the val_partition clips, but val_partition is not set")
         clips = [c for c in read_meta_info(opt["meta_info_file"], 4) if (c[0] in held_out) == test_mode]
@@ -196,11 +260,10 @@ class VideoRecurrentTrainDataset(Dataset):
         self._start = np.repeat(np.array([s for _, _, s in clips], dtype=np.int64), counts)
         self._frame = np.concatenate([np.arange(s, s + n) for _, n, s in clips])
 
-        io_backend = opt.get("io_backend") or {"type": "disk"}
-        self.gt_store = utils_video.make_store(opt["dataroot_gt"], io_backend, ext)
-        self.lq_store = utils_video.make_store(opt["dataroot_lq"], io_backend, ext) if self.reads_lq else None
-        if opt.get("check_data", True):
-            self._check(int(opt.get("check_decode_samples", DEFAULT_DECODE_SAMPLES)))
+        self.gt_store = utils_video.make_store(opt["dataroot_gt"], opt["io_backend"], ext)
+        self.lq_store = utils_video.make_store(opt["dataroot_lq"], opt["io_backend"], ext) if self.reads_lq else None
+        if opt["check_data"]:
+            self._check(opt["check_decode_samples"])
         logger.info("%s: %d clips, %d items (held out: %s), interval list %s, random reverse %s", name,
                     len(self.clips), len(self), sorted(held_out) or "none", self.interval_list, self.random_reverse)
 
@@ -253,20 +316,28 @@ class VideoRecurrentTrainNonblindDenoisingDataset(VideoRecurrentTrainDataset):
     ``sigma ~ U[sigma_min, sigma_max] / 255`` (torch RNG), ``L = H + N(0, sigma)`` (not clipped).
 
     Args:
-        opt: the parent's keys plus ``sigma_min`` and ``sigma_max`` (on the [0, 255] scale).
+        opt: the keys of :attr:`OPTIONS`: the parent's plus ``sigma_min`` and ``sigma_max`` ([0, 255] scale).
 
     Item: ``{'L': (T, 4, gt_size, gt_size), 'H': (T, 3, gt_size, gt_size), 'key'}``; ``L[:, 3]`` is sigma.
     """
 
+    OPTIONS: dict[str, Opt] = {
+        **VideoRecurrentTrainDataset.OPTIONS,
+        **NOISE_RANGE,
+        "scale": Opt(int, 1, "Only 1: denoising restores at the input size.",
+                     refuse=only(1, "denoising restores at the input size; set scale to 1")),
+        "dataroot_lq": Opt(OPT_STR, None, "KAIR's files repeat the GT path here.",
+                           note="the noisy input is synthesised from dataroot_gt"),
+    }
     reads_lq = False
 
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__(opt)
-        self.sigma_min = float(self.opt.get("sigma_min", 0)) / 255.0
-        self.sigma_max = float(self.opt.get("sigma_max", 50)) / 255.0
-        if not 0 <= self.sigma_min <= self.sigma_max:
-            raise ValueError(f"need 0 <= sigma_min <= sigma_max, got {self.opt.get('sigma_min')}, "
-                             f"{self.opt.get('sigma_max')}")
+        self.sigma_min = self.opt["sigma_min"] / 255.0
+        self.sigma_max = self.opt["sigma_max"] / 255.0
+        if self.sigma_min > self.sigma_max:
+            raise ValueError(f"{type(self).__name__}: need sigma_min <= sigma_max, got {self.opt['sigma_min']}, "
+                             f"{self.opt['sigma_max']}")
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         clip = int(self._clip[index])
@@ -300,32 +371,39 @@ class VideoRecurrentTrainVimeoDataset(Dataset):
     (7 -> 14 frames), else ``pad_sequence`` repeats the last frame (7 -> 8).
 
     Args:
-        opt: ``dataroot_gt`` (all 7 GT frames: ``vimeo90k_train_GT_all.lmdb``), ``dataroot_lq``,
-            ``meta_info_file``, ``io_backend``, ``num_frame`` (-1 = 7), ``gt_size``, ``scale``,
-            ``random_reverse``, ``use_hflip``, ``use_rot``, ``temporal_scale``, ``mirror_sequence``,
-            ``pad_sequence``, ``filename_ext`` ('png'), ``check_data``, ``check_decode_samples``.
+        opt: the keys of :attr:`OPTIONS` (plus the common dataset keys); not modified.
 
     Item: ``{'L': (T, 3, h, w), 'H': (T, 3, H, W), 'key': 'clip/seq'}``, T = 7, 8 or 14 for num_frame 7.
     """
 
-    default_scale = 4
+    OPTIONS: dict[str, Opt] = {
+        **_CLIP_OPTIONS,
+        **VIMEO_FRAME_OPTIONS,
+        "dataroot_gt": Opt(str, REQUIRED, "GT septuplets holding every frame used (`<clip>/<seq>/im{n}`: "
+                           "`vimeo90k_train_GT_all.lmdb`; KAIR's create_lmdb.py writes only im4)."),
+        "dataroot_lq": Opt(str, REQUIRED, "LQ septuplets (`vimeo90k_train_LR7frames.lmdb`, BD: "
+                           "`vimeo90k_train_BDLR7frames.lmdb`)."),
+        "meta_info_file": Opt(str, REQUIRED, "Sequence list, one `clip/seq nframes (h,w,c)` line each "
+                              "(`data/meta_info/meta_info_Vimeo90K_train_GT.txt`)."),
+        "interval_list": Opt(list, [1], "Only [1]: a septuplet's frames are consecutive (KAIR's files set it).",
+                             refuse=only([1], "Vimeo septuplets have a fixed frame stride; only [1]")),
+    }
 
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__()
-        self.opt = opt = copy.deepcopy(dict(opt))
-        self.scale = int(opt.get("scale", self.default_scale))
-        self.gt_size = int(opt.get("gt_size", 256))
-        self.neighbor_list = vimeo_neighbors(int(opt.get("num_frame", -1)), int(opt.get("temporal_scale", 1)))
-        self.random_reverse = _as_bool(opt, "random_reverse")
-        self.use_hflip, self.use_rot = _as_bool(opt, "use_hflip", True), _as_bool(opt, "use_rot", True)
-        self.mirror_sequence, self.pad_sequence = _as_bool(opt, "mirror_sequence"), _as_bool(opt, "pad_sequence")
+        self.opt = opt = resolve_options(type(self), opt)
+        self.scale = opt["scale"]
+        self.gt_size = opt["gt_size"]
+        self.neighbor_list = vimeo_neighbors(opt["num_frame"], opt["temporal_scale"])
+        self.random_reverse = opt["random_reverse"]
+        self.use_hflip, self.use_rot = opt["use_hflip"], opt["use_rot"]
+        self.mirror_sequence, self.pad_sequence = opt["mirror_sequence"], opt["pad_sequence"]
         self.keys = [c for c, _, _ in read_meta_info(opt["meta_info_file"], 3)]
-        io_backend = opt.get("io_backend") or {"type": "disk"}
-        ext = str(opt.get("filename_ext", "png"))
-        self.gt_store = utils_video.make_store(opt["dataroot_gt"], io_backend, ext)
-        self.lq_store = utils_video.make_store(opt["dataroot_lq"], io_backend, ext)
-        if opt.get("check_data", True):
-            self._check(int(opt.get("check_decode_samples", DEFAULT_DECODE_SAMPLES)))
+        ext = opt["filename_ext"]
+        self.gt_store = utils_video.make_store(opt["dataroot_gt"], opt["io_backend"], ext)
+        self.lq_store = utils_video.make_store(opt["dataroot_lq"], opt["io_backend"], ext)
+        if opt["check_data"]:
+            self._check(opt["check_decode_samples"])
         logger.info("%s: %d sequences, frames %s, random reverse %s", type(self).__name__, len(self.keys),
                     self.neighbor_list, self.random_reverse)
 
@@ -375,11 +453,26 @@ class VideoRecurrentTrainVimeoVFIDataset(VideoRecurrentTrainVimeoDataset):
     Item: ``{'L': (4, 3, gt_size, gt_size), 'H': (1, 3, gt_size, gt_size), 'key'}``.
     """
 
-    default_scale = 1
+    OPTIONS: dict[str, Opt] = {
+        **VideoRecurrentTrainVimeoDataset.OPTIONS,
+        "scale": Opt(int, 1, "Upscaling factor (default: the top-level `scale`; 1 for a dataset built directly): "
+                     "interpolation proper is 1, with `dataroot_lq` = `dataroot_gt`.", refuse=at_least(1)),
+        "dataroot_gt": Opt(str, REQUIRED, "Vimeo-90K septuplets (`vimeo90k_train_GT_all.lmdb`); the target is "
+                           "`im4`."),
+        "dataroot_lq": Opt(str, REQUIRED, "The input frames: usually the GT LMDB itself (opened once)."),
+        "temporal_scale": Opt(int, 2, "Keep every n-th of the `num_frame` frames: 2 gives the inputs im1, im3, im5, "
+                              "im7 around the target im4.", refuse=at_least(1)),
+        "pad_sequence": Opt(bool, False, "Only false: the inputs are the 4 frames as they are.",
+                            refuse=only(False, "frame interpolation takes its input frames as they are")),
+        "mirror_sequence": Opt(bool, False, "Only false: the inputs are the 4 frames as they are.",
+                               refuse=only(False, "frame interpolation takes its input frames as they are")),
+        "color_jitter": Opt(bool, False, "Apply one `ColorJitter(0.05, 0.05, 0.05, 0.05)` draw to the inputs and "
+                            "the target together."),
+    }
 
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__(opt)
-        self.color_jitter = transforms.ColorJitter(0.05, 0.05, 0.05, 0.05) if self.opt.get("color_jitter") else None
+        self.color_jitter = transforms.ColorJitter(0.05, 0.05, 0.05, 0.05) if self.opt["color_jitter"] else None
 
     def _gt_frames(self) -> list[int]:
         return [4]

@@ -2,6 +2,8 @@
 
 Names are KAIR's ``dataset_type`` values, lower-cased (``VideoRecurrentTrainDataset`` ->
 ``videorecurrenttraindataset``); the VFI test sets keep KAIR's ``vfi_davis`` / ``vfi_ucf101`` / ``vfi_vid4``.
+Each class declares the keys of its option section in ``OPTIONS``; :func:`option_specs` hands them to
+``utils_option.parse(..., dataset_specs=...)`` so an option file is checked before anything is built.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from data.dataset_video_train import (
     VideoRecurrentTrainVimeoDataset,
     VideoRecurrentTrainVimeoVFIDataset,
 )
+from utils.utils_option_schema import Opt
 
 DATASETS: dict[str, type[Dataset]] = {
     "videorecurrenttraindataset": VideoRecurrentTrainDataset,
@@ -44,13 +47,23 @@ DATASETS: dict[str, type[Dataset]] = {
 }
 
 
+def option_specs() -> dict[str, dict[str, Opt]]:
+    """The option keys of every registered dataset type, for ``utils_option.parse(..., dataset_specs=...)``.
+
+    Returns:
+        ``{dataset_type (lower-case): cls.OPTIONS}``; the parser adds ``DATASET_COMMON`` to each.
+    """
+    return {name: cls.OPTIONS for name, cls in DATASETS.items()}
+
+
 def define_Dataset(dataset_opt: dict[str, Any]) -> Dataset:
     """Instantiate ``DATASETS[dataset_opt['dataset_type'].lower()](dataset_opt)`` (the dict is not modified).
 
     Raises:
         KeyError: unknown ``dataset_type`` (the message lists the registered ones).
+        utils.utils_option.OptionError: an option the dataset class does not take, or a wrong type or value.
     """
-    name = str(dataset_opt.get("dataset_type", "")).lower()
+    name = str(dataset_opt.get("dataset_type")).lower()
     if name not in DATASETS:
         raise KeyError(f"dataset_type={dataset_opt.get('dataset_type')!r} is unknown; registered: {sorted(DATASETS)}")
     return DATASETS[name](dataset_opt)

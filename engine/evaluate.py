@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import inspect
 import logging
 import os
 import re
@@ -24,15 +23,17 @@ from tqdm import tqdm
 
 from data import dataset_video_test as dvt
 from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos, write_clip_video
-from models.model_zoo import TASKS, ModelZooError, build_network, testset_url
+from engine.options import parse_options
+from engine.scoring import METRICS, average_text, clip_scores, frame_names, mean_scores, testing_line
+from models.model_zoo import TASKS, ModelZooError, testset_url
+from models.select_network import define_G, define_network, is_frame_interpolation
 from models.video_inference import infer_video
 from utils import utils_checkpoint
-from utils.utils_image import frame_metrics, imwrite_rgb
+from utils.utils_image import imwrite_rgb
+from utils.utils_numerics import AMP_DTYPES
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("psnr", "ssim", "psnr_y", "ssim_y")
-AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 VIMEO_META = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "meta_info",
                           "meta_info_Vimeo90K_test_GT.txt")
 
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_path", type=str, default=None,
                    help="weights file (default: model_zoo/{vrt,rvrt}/<task>.pth, or the newest checkpoint of --opt)")
     p.add_argument("--opt", type=str, default=None, help="a KAIR-format option file: build the net from its netG")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override keys of --opt, as in main_train_vrt.py (e.g. task=other val.overlap_size=32)")
     p.add_argument("--device", type=str, default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--amp", choices=sorted(AMP_DTYPES), default="none", help="autocast dtype for inference")
     p.add_argument("--save_video", action="store_true",
@@ -89,10 +92,6 @@ def _two(values: list[int] | None, default: tuple[int, ...], flag: str) -> tuple
     return int(values[0]), int(values[1])
 
 
-def _constructor_default(net: nn.Module, name: str) -> Any:
-    return inspect.signature(type(net).__init__).parameters[name].default
-
-
 def setup_model(args: argparse.Namespace) -> TestSetup:
     """Build the network, load its weights and resolve the test settings.
 
@@ -101,22 +100,16 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
         utils_checkpoint.CheckpointError: a checkpoint that cannot be read or does not fit the network.
     """
     if args.opt:
-        from models.select_network import define_G, is_frame_interpolation
-        from utils import utils_option
-
-        opt = utils_option.parse(args.opt, is_train=False)
-        try:
-            net = define_G(opt)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"{args.opt}: {exc}") from exc
-        net_opt, val = opt["netG"], opt.get("val", {}) or {}
-        name = str(opt.get("task", os.path.splitext(os.path.basename(args.opt))[0]))
+        opt = parse_options(args.opt, args.set, is_train=False)
+        net = define_G(opt)
+        net_opt, val = opt["netG"], opt["val"]
+        name = opt["task"]
         path = args.model_path or _newest_checkpoint(opt)
-        window = tuple(net_opt.get("window_size") or _constructor_default(net, "window_size"))
-        default_tile = (int(val.get("num_frame_testing", 0)), int(val.get("size_patch_testing", 0)))
-        default_overlap = (int(val.get("num_frame_overlapping", 2)), int(val.get("overlap_size", 20)))
-        scale = int(opt.get("scale") or net_opt.get("upscale", 1))
-        nonblind = bool(net_opt.get("nonblind_denoising", False))
+        window = net.input_multiple
+        default_tile = (val["num_frame_testing"], val["size_patch_testing"])
+        default_overlap = (val["num_frame_overlapping"], val["overlap_size"])
+        scale = opt["scale"]
+        nonblind = bool(net_opt.get("nonblind_denoising"))
         vfi = is_frame_interpolation(net_opt)
         mirror, sigma = False, 0
     else:
@@ -126,7 +119,7 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
         spec = TASKS[args.task]
         path = args.model_path or spec.default_model_path
         spec.check_model_file(path)
-        net = build_network(spec.net_type, spec.net_kwargs())
+        net = define_network(spec.net_type, spec.net_kwargs())
         name, window, scale = spec.name, spec.window_size, spec.scale
         default_tile, default_overlap = spec.tile, spec.tile_overlap
         nonblind, vfi, mirror, sigma = spec.nonblind_denoising, spec.vfi, spec.vimeo_mirror, spec.default_sigma
@@ -186,12 +179,6 @@ def _unbatch(batch: list[dict[str, Any]]) -> dict[str, Any]:
     return batch[0]
 
 
-def _frame_names(paths: Any, count: int) -> list[str]:
-    if isinstance(paths, (list, tuple)) and len(paths) >= count:
-        return [os.path.basename(str(p)).split(".")[0] for p in paths[:count]]
-    return [f"{i:08d}" for i in range(count)]
-
-
 def restore_clip(setup: TestSetup, item: dict[str, Any], device: torch.device,
                  amp: torch.dtype | None, vimeo: bool) -> torch.Tensor:
     """Restore one test item: ``(D', 3, H, W)`` float32 on the CPU (the frames the official script scores)."""
@@ -233,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
         folder = str(item["folder"])
         out = restore_clip(setup, item, device, amp, vimeo)
         paths = item.get("gt_path") if (setup.vfi or vimeo) else item.get("lq_path")
-        names = _frame_names(paths if paths is not None else item.get("lq_path"), out.shape[0])
+        names = frame_names(paths if paths is not None else item.get("lq_path"), out.shape[0])
         if args.save_result:
             for name, frame in zip(names, out):
                 imwrite_rgb(os.path.join(save_dir, folder, f"{name}.png"), frame)
@@ -241,22 +228,20 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
             write_clip_video(save_dir, folder, out, item.get("fps", 25), audio_from=item.get("video_path"))
         gt = item.get("H")
         if gt is None:
-            logger.info("Testing %-20s  (%2d/%d)", folder, idx, n)
+            logger.info("%s", testing_line(folder, idx, n, None))
             continue
-        if gt.shape[0] < out.shape[0] or gt.shape[1:] != out.shape[1:]:
-            raise ValueError(f"clip {folder}: output {tuple(out.shape)} does not match the GT {tuple(gt.shape)}")
-        frames = [frame_metrics(o, g) for o, g in zip(out, gt)]
+        try:
+            frames = clip_scores(out, gt[: out.shape[0]])
+        except ValueError as exc:
+            raise ValueError(f"clip {folder}: {exc}") from exc
         rows += [[folder, name] + [m[k] for k in METRICS] for name, m in zip(names, frames)]
-        mean = {k: sum(m[k] for m in frames) / len(frames) for k in METRICS}
-        clip_means.append(mean)
-        logger.info("Testing %-20s (%2d/%d) - PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f",
-                    folder, idx, n, mean["psnr"], mean["ssim"], mean["psnr_y"], mean["ssim_y"])
+        clip_means.append(mean_scores(frames))
+        logger.info("%s", testing_line(folder, idx, n, clip_means[-1]))
     if not clip_means:
         return None
-    average = {k: sum(c[k] for c in clip_means) / len(clip_means) for k in METRICS}
+    average = mean_scores(clip_means)
     _write_csv(os.path.join(save_dir, "metrics.csv"), rows)
-    logger.info("\n%s \n-- Average PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f", save_dir,
-                average["psnr"], average["ssim"], average["psnr_y"], average["ssim_y"])
+    logger.info("\n%s \n-- %s", save_dir, average_text(average))
     return average
 
 

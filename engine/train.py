@@ -76,7 +76,7 @@ class StopRequest:
 
 def agree_seed(train_opt: dict[str, Any]) -> int:
     """``train.manual_seed`` or a seed drawn on rank 0, the same on every rank."""
-    seed = train_opt.get("manual_seed")
+    seed = train_opt["manual_seed"]
     if seed is None:
         seed = random.SystemRandom().randint(1, 10000)
     return int(utils_dist.broadcast_object(seed))
@@ -169,9 +169,9 @@ def run_descriptor(opt: dict[str, Any], dist_info: DistInfo, per_process: int, a
     """What decides the numbers of a run beyond the checkpoint's tensors (saved with every checkpoint)."""
     t_opt = opt["train"]
     train_opt = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
-    periods = t_opt.get("G_scheduler_periods")
+    periods = t_opt["G_scheduler_periods"]
     return {"world_size": dist_info.world_size, "per_process_batch": per_process, "grad_accum_steps": accum,
-            "deterministic": bool(t_opt.get("deterministic")), "device": dist_info.device.type,
+            "deterministic": t_opt["deterministic"], "device": dist_info.device.type,
             "threads": torch.get_num_threads(), "torch": str(torch.__version__),
             "scheduler_periods": list(periods) if isinstance(periods, list) else periods,
             "train": {k: v for k, v in t_opt.items() if k not in NON_NUMERIC_TRAIN_KEYS},
@@ -253,7 +253,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     model.init_train()
     train_state: dict[str, Any] = {}
     if start_step:
-        train_state = model.load_resume(start_step)
+        train_state = model.resume(start_step)
     else:
         model.load_pretrained()
     seed = int(train_state.get("seed") or seed)
@@ -262,11 +262,11 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     if rngs and len(rngs) == dist_info.world_size:
         ckpt.restore_rng_state(rngs[dist_info.rank])
 
-    accum = int(t_opt.get("grad_accum_steps", 1))
+    accum = t_opt["grad_accum_steps"]
     train_opt = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
     loader, sampler = build_train_loader(train_set, train_opt, rank=dist_info.rank, world_size=dist_info.world_size,
                                          seed=seed, accum_steps=accum, pin_memory=dist_info.device.type == "cuda",
-                                         timeout=float(t_opt.get("dataloader_timeout", 0)))
+                                         timeout=float(t_opt["dataloader_timeout"]))
     if len(loader) < accum:
         raise ConfigError(f"an epoch has only {len(loader)} batch(es) per process, fewer than "
                           f"train.grad_accum_steps={accum}")
@@ -277,14 +277,14 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
         on_ready()
     logger.info("Numerics: deterministic %s, TF32 %s, cuDNN benchmark %s, AMP %s, %d intra-op thread(s)",
                 "on" if numerics["deterministic"] else "off", "on" if numerics["tf32"] else "off",
-                "on" if numerics["cudnn_benchmark"] else "off", t_opt.get("amp", "none"), torch.get_num_threads())
+                "on" if numerics["cudnn_benchmark"] else "off", t_opt["amp"], torch.get_num_threads())
     for caveat in numerics["caveats"]:
         logger.warning("Not reproducible: %s", caveat)
     logger.info("Random seed: %d", seed)
     logger.info("Number of train clips: %d, iters per epoch: %d", len(train_set), len(loader) // accum)
     if start_step:
         logger.info("Resuming from step %d (%s)", start_step, paths["models"])
-        reasons = inexact_resume_reasons(train_state.get("run"), descriptor, bool(t_opt.get("G_optimizer_reuse")))
+        reasons = inexact_resume_reasons(train_state.get("run"), descriptor, t_opt["G_optimizer_reuse"])
         if reasons:
             logger.warning("Resume from step %d is not bit-exact: %s", start_step, "; ".join(reasons))
     ckpt.remove_stale_temporaries(paths["models"])
@@ -297,7 +297,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     best = dict(train_state.get("best") or {"psnr": float("-inf"), "step": 0})
     summary: dict[str, Any] = {"stopped_by": None, "last_val": None}
     total = int(t_opt["total_iter"])
-    val_every = int(t_opt.get("checkpoint_test", 0) or 0)
+    val_every = t_opt["checkpoint_test"]
     last_saved = start_step
     window: list[float] = []
     timings = {"iter": 0.0, "data": 0.0, "n": 0}
@@ -317,11 +317,11 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
             net_opt = opt["netG"]
             vfi = is_frame_interpolation(net_opt)
             logger.info("Input baseline (the LQ input itself, bicubic-upsampled when scale > 1):")
-            validate(InputBaseline(int(opt.get("scale", 1)), vfi), test_set, step=step, epoch=epoch,
+            validate(InputBaseline(opt["scale"], vfi), test_set, step=step, epoch=epoch,
                      save_img=False, images_dir="", tb=None)
             summary["baseline_logged"] = True
-        result = validate(model, test_set, step=step, epoch=epoch, save_img=bool(opt["val"].get("save_img")),
-                          images_dir=paths["images"], tb=tb)
+        result = validate(model, test_set, step=step, epoch=epoch, save_img=opt["val"]["save_img"],
+                          images_dir=paths["images"], tb=tb, tb_images=opt["val"]["tb_images"])
         summary["last_val"] = result
         if result is not None and result["psnr"] > best["psnr"]:
             best.update(psnr=result["psnr"], step=step)
@@ -358,8 +358,8 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
                 items_done += global_batch
                 step += 1
                 model.update_learning_rate(step)
-                model.train_micro_batches(iter(batches), step)
-                window.append(model.log_dict["G_loss"])
+                model.train_step(batches, step)
+                window.append(model.current_log()["G_loss"])
                 timings["iter"] += time.perf_counter() - t0
                 timings["data"] += t_data
                 timings["n"] += 1

@@ -15,24 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from engine.scoring import METRICS, average_text, clip_scores, frame_names, mean_scores, testing_line
 from utils import utils_dist
-from utils.utils_image import frame_metrics, imwrite_rgb
+from utils.utils_image import imwrite_rgb
 
 logger = logging.getLogger(__name__)
-
-METRICS = ("psnr", "ssim", "psnr_y", "ssim_y")
-
-
-def _frame_names(item: dict[str, Any], count: int) -> list[str]:
-    paths = item.get("gt_path") or item.get("lq_path") or []
-    if isinstance(paths, (list, tuple)) and len(paths) >= count and all(isinstance(p, str) for p in paths):
-        names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
-        if len(paths) == count:
-            return names
-        start = (len(paths) - count) // 2 if count == 1 else 0
-        return names[start:start + count]
-    return [f"{i:08d}" for i in range(count)]
-
 
 def _strip(lq: torch.Tensor, out: torch.Tensor, gt: torch.Tensor | None) -> torch.Tensor:
     """``(3, H, 3W)`` image: LQ (bilinearly upsampled) | output | GT, of the middle output frame."""
@@ -44,7 +31,7 @@ def _strip(lq: torch.Tensor, out: torch.Tensor, gt: torch.Tensor | None) -> torc
 
 
 def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: bool, images_dir: str,
-             tb: Any = None) -> dict[str, float] | None:
+             tb: Any = None, tb_images: bool = True) -> dict[str, float] | None:
     """Restore every test clip (sharded over ranks), log per-clip and average metrics on rank 0.
 
     Args:
@@ -55,6 +42,7 @@ def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: 
         save_img: write the restored frames to ``images_dir/<folder>/<frame>_<step>.png``.
         images_dir: ``experiments/<task>/images``.
         tb: a :class:`utils.utils_logger.TensorBoardWriter` or ``None``.
+        tb_images: also log an image strip (LQ | output | GT) of the first clip (``val.tb_images``).
 
     Returns:
         ``{'psnr', 'ssim', 'psnr_y', 'ssim_y'}`` averaged over clips (mean per clip, then over clips), on every
@@ -72,34 +60,27 @@ def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: 
         folder = str(item.get("folder", f"{idx:03d}"))
         folders[idx] = folder
         if save_img:
-            for name, frame in zip(_frame_names(item, out.shape[0]), out):
+            for name, frame in zip(frame_names(item.get("gt_path") or item.get("lq_path"), out.shape[0]), out):
                 imwrite_rgb(os.path.join(images_dir, folder, f"{name}_{step}.png"), frame)
         if gt is not None:
-            if gt.shape != out.shape:
-                raise ValueError(f"test clip {folder}: output {tuple(out.shape)} and GT {tuple(gt.shape)} differ")
-            frames = [frame_metrics(o, g) for o, g in zip(out, gt)]
-            for j, key in enumerate(METRICS):
-                table[idx, j] = sum(f[key] for f in frames) / len(frames)
+            try:
+                mean = mean_scores(clip_scores(out, gt))
+            except ValueError as exc:
+                raise ValueError(f"test clip {folder}: {exc}") from exc
+            table[idx, :-1] = torch.tensor([mean[k] for k in METRICS], dtype=torch.float64)
             table[idx, -1] = 1.0
-        if idx == 0 and tb is not None:
+        if idx == 0 and tb is not None and tb_images:
             tb.image("val/lq_output_gt", _strip(lq, out, gt), step)
     table = utils_dist.all_reduce_sum(table)
     folder_lists = [folders] if world == 1 else _gather_folders(folders)
     names = [next((fl[i] for fl in folder_lists if fl[i]), f"{i:03d}") for i in range(n)]
     have_gt = table[:, -1] > 0
     for i in range(n):
-        if have_gt[i]:
-            r = table[i].tolist()
-            logger.info("Testing %-20s (%2d/%d) - PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f",
-                        names[i], i, n, r[0], r[1], r[2], r[3])
-        else:
-            logger.info("Testing %-20s (%2d/%d) - no ground truth", names[i], i, n)
+        logger.info("%s", testing_line(names[i], i, n, dict(zip(METRICS, table[i].tolist())) if have_gt[i] else None))
     if not bool(have_gt.any()):
         return None
-    mean = table[have_gt, : len(METRICS)].mean(dim=0).tolist()
-    result = dict(zip(METRICS, mean))
-    logger.info("<epoch:%3d, iter:%8s> Average PSNR: %.2f dB; SSIM: %.4f; PSNR_Y: %.2f dB; SSIM_Y: %.4f",
-                epoch, f"{step:,d}", result["psnr"], result["ssim"], result["psnr_y"], result["ssim_y"])
+    result = dict(zip(METRICS, table[have_gt, : len(METRICS)].mean(dim=0).tolist()))
+    logger.info("<epoch:%3d, iter:%8s> %s", epoch, f"{step:,d}", average_text(result))
     if tb is not None:
         tb.scalars({k.upper() if "_" not in k else k: v for k, v in result.items()}, step, prefix="val/")
     return result

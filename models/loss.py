@@ -63,13 +63,13 @@ LOSSES = {
     "l2": lambda train_opt: nn.MSELoss(),
     "l2sum": lambda train_opt: nn.MSELoss(reduction="sum"),
     "ssim": lambda train_opt: SSIMLoss(),
-    "charbonnier": lambda train_opt: CharbonnierLoss(train_opt.get("G_charbonnier_eps", 1e-9)),
+    "charbonnier": lambda train_opt: CharbonnierLoss(train_opt["G_charbonnier_eps"]),
 }
 
 
 def define_loss(train_opt: dict) -> nn.Module:
     """Build the pixel loss named by ``train.G_lossfn_type``."""
-    name = train_opt.get("G_lossfn_type", "charbonnier")
+    name = train_opt["G_lossfn_type"]
     if name not in LOSSES:
         raise KeyError(f"train.G_lossfn_type={name!r} is unknown; valid: {sorted(LOSSES)}")
     return LOSSES[name](train_opt)

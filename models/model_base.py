@@ -1,15 +1,21 @@
-"""ModelBase: device placement, DDP wrapping, EMA, checkpoint I/O and LR scheduling.
+"""ModelBase: the interface the training and evaluation flows use, plus device placement, DDP wrapping, EMA,
+checkpoint I/O and LR scheduling.
 
-The contract (KAIR's): ``feed_data``, ``optimize_parameters(step)``, ``test``, ``current_log``,
-``current_visuals``, ``save(step)``, ``load()``, ``update_learning_rate(step)``, ``current_learning_rate()``.
+The flows call exactly: ``init_train()``, ``load_pretrained()`` or ``resume(step)``, then per step
+``update_learning_rate(step)`` and ``train_step(batches, step)``, ``current_log()``, ``current_learning_rate()``,
+``save(step, train_state)``, and ``infer(lq)`` for validation. KAIR's ``feed_data``/``optimize_parameters`` pair
+became ``train_step`` (one step takes several micro-batches with gradient accumulation), its ``test``/
+``current_visuals`` pair ``infer`` (which returns the restored clip).
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import logging
 import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,8 +31,21 @@ from utils.utils_dist import DistInfo
 logger = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def evaluating(net: nn.Module) -> Iterator[nn.Module]:
+    """``net`` in eval mode for the block (its previous mode restored after)."""
+    was_training = net.training
+    net.eval()
+    try:
+        yield net
+    finally:
+        net.train(was_training)
+
+
 class ModelBase(abc.ABC):
-    """Holds the generator ``net_g`` (bare), its training handle ``netG`` (DDP or bare) and the EMA ``net_e``.
+    """Holds the generator ``net_g`` (the bare network: saved, loaded, evaluated), ``net_g_train`` (what the
+    training forward goes through: the DDP and/or ``torch.compile`` wrapper, or ``net_g`` itself) and the EMA copy
+    ``net_e``.
 
     Args:
         opt: parsed options (read-only).
@@ -40,47 +59,55 @@ class ModelBase(abc.ABC):
         self.train_opt: dict[str, Any] = opt.get("train", {})
         self.models_dir: str = opt["path"]["models"]
         self.net_g: nn.Module = define_G(opt).to(self.device)
-        self.netG: nn.Module = self.net_g
+        self.net_g_train: nn.Module = self.net_g
         self.net_e: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: ClosedFormLR | None = None
         self.log_dict: dict[str, float] = {}
 
-    # ----- abstract contract
+    # ----- the interface the flows use
     @abc.abstractmethod
     def init_train(self) -> None:
-        """Build loss, optimizer and scheduler, wrap for DDP, load weights."""
+        """Build loss, optimizer and scheduler, and wrap for DDP."""
 
     @abc.abstractmethod
-    def feed_data(self, data: dict[str, Any], need_H: bool = True) -> None:
-        """Take a batch from the loader."""
+    def train_step(self, batches: Sequence[dict[str, Any]], step: int) -> None:
+        """One optimisation step: forward/backward every micro-batch (gradient accumulation), then one update.
+
+        Args:
+            batches: ``train.grad_accum_steps`` loader batches ``{'L': (B, T, C, h, w), 'H': (B, T', 3, H, W)}``.
+            step: the step being taken (1-based).
+        """
 
     @abc.abstractmethod
-    def optimize_parameters(self, step: int) -> None:
-        """Run one optimisation step (all its accumulation micro-batches were fed by the caller)."""
+    def infer(self, lq: torch.Tensor) -> torch.Tensor:
+        """Restore a clip with the evaluation network (EMA or bare, never through DDP).
 
-    @abc.abstractmethod
-    def test(self) -> None:
-        """Inference on the fed data (bare or EMA network, never through DDP)."""
+        Args:
+            lq: ``(B, T, C, h, w)`` in [0, 1], on any device.
 
-    @abc.abstractmethod
-    def current_visuals(self) -> dict[str, torch.Tensor]:
-        """``{'L', 'E', 'H'}`` of the first item of the batch, on the CPU."""
+        Returns:
+            ``(B, T', 3, H, W)`` float32 on the CPU.
+        """
+
+    def current_log(self) -> dict[str, float]:
+        """The numbers of the last step (``{'G_loss': ...}``), this rank's."""
+        return dict(self.log_dict)
 
     # ----- devices and wrapping
     def wrap(self) -> None:
         """(Re-)wrap ``net_g`` in DDP under a process group; the bare network otherwise. No DataParallel."""
         net = self.net_g
-        if self.opt.get("sync_bn") and self.dist.distributed:
+        if self.opt["sync_bn"] and self.dist.distributed:
             net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
             self.net_g = net
-        if self.train_opt.get("compile"):
+        if self.train_opt["compile"]:
             net = torch.compile(net)
         if self.dist.distributed:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             net = DistributedDataParallel(net, device_ids=device_ids,
-                                          find_unused_parameters=bool(self.opt.get("find_unused_parameters")))
-        self.netG = net
+                                          find_unused_parameters=self.opt["find_unused_parameters"])
+        self.net_g_train = net
 
     def eval_network(self) -> nn.Module:
         """The network used for inference: EMA when ``E_decay > 0``, else the bare generator."""
@@ -88,7 +115,7 @@ class ModelBase(abc.ABC):
 
     # ----- EMA
     def define_ema(self) -> None:
-        if self.train_opt.get("E_decay", 0) > 0:
+        if self.train_opt["E_decay"] > 0:
             self.net_e = copy.deepcopy(self.net_g).eval().requires_grad_(False)
 
     @torch.no_grad()
@@ -110,9 +137,6 @@ class ModelBase(abc.ABC):
     def current_learning_rate(self) -> float:
         """LR of parameter group 0 (as KAIR logs it)."""
         return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
-
-    def current_log(self) -> dict[str, float]:
-        return dict(self.log_dict)
 
     # ----- checkpoints
     def _path(self, step: int, label: str) -> str:
@@ -150,25 +174,46 @@ class ModelBase(abc.ABC):
         del state
 
     def load_pretrained(self) -> None:
-        """Load ``path.pretrained_netG``/``pretrained_netE`` (used only when there is nothing to resume)."""
-        path_g = self.opt["path"].get("pretrained_netG")
-        for key in ("pretrained_netG", "pretrained_netE"):
-            path = self.opt["path"].get(key)
+        """Load ``path.pretrained_netG``/``pretrained_netE``/``pretrained_optimizerG`` (used only when there is
+        nothing to resume; the optimizer state only with ``train.G_optimizer_reuse``)."""
+        paths = self.opt["path"]
+        for key in ("pretrained_netG", "pretrained_netE", "pretrained_optimizerG"):
+            path = paths.get(key)
             if path and not os.path.isfile(path):
                 raise ckpt.CheckpointError(f"path.{key} = {path!r} does not exist; point it at a .pth file "
                                            "(e.g. a released model in model_zoo/) or set it to null")
-        if path_g:
-            logger.info("Loading pretrained netG [%s]", path_g)
-            ckpt.load_network(self.net_g, path_g, "params", strict=self.train_opt.get("G_param_strict", True))
+        if paths.get("pretrained_netG"):
+            logger.info("Loading pretrained netG [%s]", paths["pretrained_netG"])
+            ckpt.load_network(self.net_g, paths["pretrained_netG"], "params", strict=self.train_opt["G_param_strict"])
         if self.net_e is not None:
-            path_e = self.opt["path"].get("pretrained_netE")
-            if path_e:
-                logger.info("Loading pretrained netE [%s]", path_e)
-                ckpt.load_network(self.net_e, path_e, "params_ema", strict=self.train_opt.get("E_param_strict", True))
+            if paths.get("pretrained_netE"):
+                logger.info("Loading pretrained netE [%s]", paths["pretrained_netE"])
+                ckpt.load_network(self.net_e, paths["pretrained_netE"], "params_ema",
+                                  strict=self.train_opt["E_param_strict"])
             else:
                 self.update_E(0.0)
+        if paths.get("pretrained_optimizerG") and self.optimizer is not None:
+            if not self.train_opt["G_optimizer_reuse"]:
+                logger.warning("path.pretrained_optimizerG is set but train.G_optimizer_reuse is false: the optimizer "
+                               "starts afresh")
+            else:
+                logger.info("Loading pretrained optimizerG [%s]", paths["pretrained_optimizerG"])
+                self._load_optimizer(paths["pretrained_optimizerG"])
 
-    def load_resume(self, step: int) -> dict[str, Any]:
+    def _load_optimizer(self, path: str) -> None:
+        """Moments from ``path``; hyper-parameters from the option file (the user may have changed them)."""
+        keep = ("initial_lr", "betas", "weight_decay", "eps")
+        fresh = [{k: g[k] for k in keep if k in g} for g in self.optimizer.param_groups]
+        state = ckpt.safe_load(path, map_location=self.device)
+        if len(state.get("param_groups", [])) != len(self.optimizer.param_groups):
+            raise ckpt.CheckpointError(f"{path} holds {len(state.get('param_groups', []))} parameter group(s), the "
+                                       f"optimizer has {len(self.optimizer.param_groups)} (another fix_lr_mul / "
+                                       "fix_keys setting?)")
+        self.optimizer.load_state_dict(state)
+        for group, values in zip(self.optimizer.param_groups, fresh):
+            group.update(values)
+
+    def resume(self, step: int) -> dict[str, Any]:
         """Restore weights, EMA, optimizer, scheduler and scaler of complete step ``step``.
 
         Returns:
@@ -182,13 +227,8 @@ class ModelBase(abc.ABC):
             else:
                 self.update_E(0.0)
         opt_path = self._path(step, "optimizerG")
-        if self.optimizer is not None and os.path.isfile(opt_path):
-            # hyper-parameters come from the option file (the user may have changed them); moments from the file
-            keep = ("initial_lr", "betas", "weight_decay", "eps")
-            fresh = [{k: g[k] for k in keep if k in g} for g in self.optimizer.param_groups]
-            self.optimizer.load_state_dict(ckpt.safe_load(opt_path, map_location=self.device))
-            for group, values in zip(self.optimizer.param_groups, fresh):
-                group.update(values)
+        if self.optimizer is not None and self.train_opt["G_optimizer_reuse"] and os.path.isfile(opt_path):
+            self._load_optimizer(opt_path)
         state = ckpt.safe_load(self._path(step, "state"))
         if self.scheduler is not None and state.get("scheduler"):
             self.scheduler.set_step(int(state["scheduler"]["step"]))

@@ -13,11 +13,12 @@ Activation checkpointing is non-reentrant, so DDP needs neither ``static_graph``
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from models.model_base import evaluating
 from models.model_plain import ModelPlain
 from models.select_network import is_frame_interpolation
 from models.video_inference import infer_video
@@ -30,9 +31,9 @@ class ModelVRT(ModelPlain):
 
     def init_train(self) -> None:
         t = self.train_opt
-        self.fix_iter = int(t.get("fix_iter", 0) or 0)
-        self.fix_keys = list(t.get("fix_keys", []) or [])
-        self.fix_lr_mul = float(t.get("fix_lr_mul", 1.0))
+        self.fix_iter = int(t["fix_iter"])
+        self.fix_keys = list(t["fix_keys"])
+        self.fix_lr_mul = float(t["fix_lr_mul"])
         self.frozen = False
         super().init_train()
 
@@ -44,7 +45,7 @@ class ModelVRT(ModelPlain):
         named = list(self.net_g.named_parameters())
         if not (self.fix_iter and self.fix_keys) or self.fix_lr_mul == 1:
             return [{"params": [p for _, p in named]}]
-        lr = self.train_opt.get("G_optimizer_lr", 2e-4)
+        lr = self.train_opt["G_optimizer_lr"]
         normal = [p for n, p in named if not self._is_fixed(n)]
         fixed = [p for n, p in named if self._is_fixed(n)]
         return [{"params": normal, "lr": lr}, {"params": fixed, "lr": lr * self.fix_lr_mul}]
@@ -66,37 +67,21 @@ class ModelVRT(ModelPlain):
         logger.info("%s %d parameters matching %s at step %d", verb, len(names), self.fix_keys, step)
         self.wrap()
 
-    def train_micro_batches(self, batches: Iterator[dict[str, Any]], step: int) -> None:
+    def train_step(self, batches: Sequence[dict[str, Any]], step: int) -> None:
         self.set_phase(step)
-        super().train_micro_batches(batches, step)
+        super().train_step(batches, step)
 
     # ----- tiled inference
-    def infer(self, lq: torch.Tensor, net: torch.nn.Module | None = None) -> torch.Tensor:
-        """Tiled inference of a whole video with the ``val`` options.
-
-        Args:
-            lq: ``(B, D, C, h, w)`` in [0, 1] (any device; tiles move to the training device).
-            net: the network (default: EMA or bare generator).
-
-        Returns:
-            ``(B, D', 3, h * scale, w * scale)`` float32 on the CPU.
-        """
-        val = self.opt.get("val", {})
+    def infer(self, lq: torch.Tensor) -> torch.Tensor:
+        """Tiled inference of a whole clip with the ``val`` options (see :meth:`ModelBase.infer`); tiles move to
+        the training device, the output is assembled on the CPU."""
+        val = self.opt["val"]
         net_opt = self.opt["netG"]
-        net = net if net is not None else self.eval_network()
-        was_training = net.training
-        net.eval()
-        try:
-            with torch.inference_mode():
-                return infer_video(
-                    net, lq, scale=int(self.opt.get("scale", 1)), window_size=net_opt.get("window_size", (6, 8, 8)),
-                    num_frame_testing=val.get("num_frame_testing", 0),
-                    num_frame_overlapping=val.get("num_frame_overlapping", 2),
-                    size_patch_testing=val.get("size_patch_testing", 0), overlap_size=val.get("overlap_size", 20),
-                    nonblind_denoising=bool(net_opt.get("nonblind_denoising", False)),
-                    vfi=is_frame_interpolation(net_opt),
-                    pad_seq=val.get("pad_seq", False), flip_seq=val.get("flip_seq", False),
-                    center_frame_only=val.get("center_frame_only", False), device=self.device,
-                    autocast_dtype=self.amp_dtype)
-        finally:
-            net.train(was_training)
+        with evaluating(self.eval_network()) as net, torch.inference_mode():
+            return infer_video(
+                net, lq, scale=int(self.opt["scale"]), window_size=net.input_multiple,
+                num_frame_testing=val["num_frame_testing"], num_frame_overlapping=val["num_frame_overlapping"],
+                size_patch_testing=val["size_patch_testing"], overlap_size=val["overlap_size"],
+                nonblind_denoising=bool(net_opt.get("nonblind_denoising")), vfi=is_frame_interpolation(net_opt),
+                pad_seq=val["pad_seq"], flip_seq=val["flip_seq"], center_frame_only=val["center_frame_only"],
+                device=self.device, autocast_dtype=self.amp_dtype)

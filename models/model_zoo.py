@@ -12,9 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
-
-__all__ = ["TASKS", "ModelZooError", "TaskSpec", "build_network"]
+__all__ = ["TASKS", "ModelZooError", "TaskSpec"]
 
 VRT_RELEASE = "https://github.com/JingyunLiang/VRT/releases/download/v0.0"
 RVRT_RELEASE = "https://github.com/JingyunLiang/RVRT/releases/download/v0.0"
@@ -153,16 +151,3 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in _specs()}
 def testset_url(name: str) -> str:
     """Release URL of a test-set archive of the official VRT repository."""
     return f"{VRT_RELEASE}/testset_{name}.tar.gz"
-
-
-def build_network(net_type: str, kwargs: dict[str, Any]) -> nn.Module:
-    """Build a VRT or RVRT through the ``models.select_network`` registry (direct import as a fallback)."""
-    from models import select_network
-
-    if net_type.lower() in select_network.NETWORKS:
-        return select_network.define_network(net_type, kwargs)
-    if net_type.lower() == "rvrt":
-        from models.network_rvrt import RVRT
-
-        return RVRT(**kwargs)
-    raise KeyError(f"net_type {net_type!r} is unknown; registered: {sorted(select_network.NETWORKS)}")

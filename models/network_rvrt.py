@@ -22,6 +22,7 @@ Input (N, T, C, H, W) in [0, 1] RGB, C = 3 (4 with the noise-level map for non-b
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -216,6 +217,13 @@ class RVRT(nn.Module):
     # ------------------------------------------------------------------------------------------------------
     # flows
     # ------------------------------------------------------------------------------------------------------
+    @property
+    def input_multiple(self) -> tuple[int, int, int]:
+        """``(T, H, W)`` multiples that test-time padding rounds a clip up to: the window (the official rule) and,
+        without upscaling (features at 1/4 resolution), H and W also to 4."""
+        d, h, w = self.window_size
+        return (d, h, w) if self.upscale == 4 else (d, math.lcm(4, h), math.lcm(4, w))
+
     @staticmethod
     def is_mirror_extended(lqs: Tensor) -> bool:
         """True when frame i equals frame t-1-i for every i (t even), e.g. Vimeo's 7 -> 14 mirrored input."""

@@ -17,6 +17,7 @@ outputs. The computation is reorganised for speed without changing the numerics:
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Sequence
 
@@ -294,6 +295,13 @@ class VRT(nn.Module):
         else:
             self.linear_fuse = nn.Conv2d(embed_dims[0] * self.img_size[0], num_feat, kernel_size=1, stride=1)
             self.conv_last = nn.Conv2d(num_feat, out_chans, kernel_size=7, stride=1, padding=0)
+
+    @property
+    def input_multiple(self) -> tuple[int, int, int]:
+        """``(T, H, W)`` multiples that test-time padding rounds a clip up to: the window (the official test
+        script's rule) and, for H and W, also 8 (three 2x downsamplings); both are 8 in the released models."""
+        d, h, w = self.window_size
+        return d, math.lcm(8, h), math.lcm(8, w)
 
     # ---------------------------------------------------------------------------------------------- flows
     def get_flows(self, x: Tensor) -> tuple[list[Tensor], list[Tensor]]:

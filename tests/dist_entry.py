@@ -47,7 +47,7 @@ def _env_int(name):
     return int(value) if value not in (None, "") else None
 
 
-_train_micro_batches = ModelPlain.train_micro_batches
+_train_step = ModelPlain.train_step
 
 
 def _faulty_step(self, batches, step):
@@ -65,10 +65,10 @@ def _faulty_step(self, batches, step):
             os.killpg(os.getpgid(os.getppid()), sig)
         else:
             os.kill(os.getpid(), sig)
-    return _train_micro_batches(self, batches, step)
+    return _train_step(self, batches, step)
 
 
-ModelPlain.train_micro_batches = _faulty_step
+ModelPlain.train_step = _faulty_step
 
 # ----- crashes inside the real checkpoint write: TEST_CRASH_IN_SAVE="<step>:<file>:<point>[,...]" kills this process
 # (SIGKILL) while the real utils_checkpoint.atomic_save writes ``{step}_{file}.pth`` (file: G, E, optimizerG, state):

@@ -73,10 +73,13 @@ def test_wrong_type(experiment, capsys, monkeypatch):
 
 def test_missing_data_root(experiment, capsys, monkeypatch):
     tmp, opt = experiment
-    args = ["--opt", opt, "--set", "datasets.train.dataset_type=VideoRecurrentTrainDataset",
-            f"datasets.train.dataroot_gt={tmp}/nowhere/GT", f"datasets.train.dataroot_lq={tmp}/nowhere/LQ",
-            f"datasets.train.meta_info_file={tmp}/nowhere/meta.txt"]
-    line = _run(capsys, tmp, args, monkeypatch)
+    with open(opt) as f:
+        data = json.load(f)
+    data["datasets"]["train"] = {  # a whole section: the synthetic set's keys are not keys of this dataset type
+        "dataset_type": "VideoRecurrentTrainDataset", "dataroot_gt": f"{tmp}/nowhere/GT",
+        "dataroot_lq": f"{tmp}/nowhere/LQ", "meta_info_file": f"{tmp}/nowhere/meta.txt", "num_frame": 2}
+    (tmp / "real_data.json").write_text(json.dumps(data))
+    line = _run(capsys, tmp, ["--opt", str(tmp / "real_data.json")], monkeypatch)
     assert "nowhere" in line
 
 

@@ -187,12 +187,15 @@ def test_opt_is_not_mutated():
 
 
 @pytest.mark.parametrize("cls,opt,needle", [
-    (SyntheticVideoTrainDataset, {"task": "inpaint"}, "'task'"),
+    (SyntheticVideoTrainDataset, {"task": "inpaint"}, r"\.task' = 'inpaint' is not one of 'sr'"),
     (SyntheticVideoTrainDataset, {"task": "denoise", "scale": 4}, "'scale'"),
     (SyntheticVideoTrainDataset, {"task": "sr", "gt_size": 30}, "'gt_size'"),
     (SyntheticVideoTrainDataset, {"sigma_min": 40, "sigma_max": 10}, "'sigma_min'"),
-    (SyntheticVideoTrainDataset, {"num_frame": "6"}, "'num_frame'"),
-    (SyntheticVideoTestDataset, {"lq_size": [64]}, "'lq_size'"),
+    (SyntheticVideoTrainDataset, {"num_frame": "6"}, r"\.num_frame' must be integer"),
+    (SyntheticVideoTrainDataset, {"num_frame": 0}, r"\.num_frame' = 0: must be >= 1"),
+    (SyntheticVideoTrainDataset, {"num_frames": 6}, r"\.num_frames'; did you mean 'num_frame'"),
+    (SyntheticVideoTestDataset, {"lq_size": [64]}, r"\.lq_size' = \[64\]"),
+    (SyntheticVideoTestDataset, {"lq_size": [1, 64], "task": "sr", "scale": 2}, "'lq_size'"),
 ])
 def test_bad_options_name_the_key(cls, opt, needle):
     with pytest.raises(ValueError, match=needle):

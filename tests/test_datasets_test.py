@@ -22,6 +22,7 @@ from data.dataset_video_test import (
 from data.dataset_video_train import VideoRecurrentTrainDataset
 from data.select_dataset import define_Dataset
 from tests.test_datasets_train import NFRAMES, item, lmdb_opt, make_reds, make_vimeo
+from utils.utils_option import OptionError
 from utils.utils_video import DataCheckError, ImageDecodeError
 
 
@@ -49,8 +50,11 @@ def test_paired_clips_cache_and_paths(tmp_path):
     assert [os.path.basename(p) for p in out["gt_path"]] == ["00000000.png", "00000001.png", "00000002.png"]
     lazy = VideoRecurrentTestDataset({**opt, "cache_data": False})[1]
     assert torch.equal(lazy["L"], out["L"]) and lazy["lq_path"] == out["lq_path"]
-    single = SingleVideoRecurrentTestDataset({**opt, "dataset_type": "SingleVideoRecurrentTestDataset"})[0]
+    single_opt = {**opt, "dataset_type": "SingleVideoRecurrentTestDataset", "dataroot_gt": None}
+    single = define_Dataset(single_opt)[0]
     assert set(single) == {"L", "folder", "lq_path"} and single["L"].shape == (3, 3, 8, 10)
+    with pytest.raises(OptionError, match="reads LQ only"):  # GT given to the LQ-only set is refused, not ignored
+        SingleVideoRecurrentTestDataset(opt)
 
 
 def test_denoising_noise_local_and_reproducible(tmp_path):
@@ -69,7 +73,7 @@ def test_denoising_noise_local_and_reproducible(tmp_path):
     assert torch.allclose(a["L"][:, :3], a["H"] + ref)
     c = VideoRecurrentTestDataset({**opt, "noise_seed_per_clip": True})
     assert torch.equal(c[0]["L"], a["L"]) and not torch.equal(c[1]["L"][:, :3] - c[1]["H"], a["L"][:, :3] - a["H"])
-    single = SingleVideoRecurrentTestDataset({**opt, "dataroot_lq": str(tmp_path / "gt")})[0]
+    single = SingleVideoRecurrentTestDataset({**opt, "dataroot_lq": str(tmp_path / "gt"), "dataroot_gt": None})[0]
     assert single["L"].shape == (2, 4, 64, 64) and torch.all(single["L"][:, 3] == torch.tensor(30 / 255))
 
 

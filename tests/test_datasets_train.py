@@ -195,7 +195,8 @@ def test_denoising_sigma_map_and_strength(reds):
     root, opt = reds
     gt_lmdb = os.path.join(root, "gt.lmdb")
     dopt = {**opt, "dataset_type": "VideoRecurrentTrainNonblindDenoisingDataset", "dataroot_gt": gt_lmdb,
-            "dataroot_lq": gt_lmdb, "io_backend": {"type": "lmdb"}, "gt_size": 32, "sigma_min": 25, "sigma_max": 25}
+            "dataroot_lq": gt_lmdb, "io_backend": {"type": "lmdb"}, "gt_size": 32, "scale": 1, "sigma_min": 25,
+            "sigma_max": 25}
     ds = define_Dataset(dopt)
     assert isinstance(ds, VideoRecurrentTrainNonblindDenoisingDataset)
     out = item(ds, 0)

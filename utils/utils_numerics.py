@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 
 CUBLAS_WORKSPACE = ":4096:8"
+AMP_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class NumericsState(NamedTuple):

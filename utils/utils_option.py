@@ -3,8 +3,9 @@
 A KAIR option file loads unchanged: ``//`` comments (outside strings, so ``"http://..."`` survives), every key
 KAIR's VRT/RVRT files use, KAIR's defaults where they still mean something. Unlike KAIR, an unknown or misspelt
 key is an error naming the closest known key, a wrong type is an error naming the expected type, and parsing
-has no side effects (no ``CUDA_VISIBLE_DEVICES`` write, no print, no mkdir). ``netG`` and ``datasets.*`` are
-free-form: ``netG`` keys go to the network constructor, which is their schema.
+has no side effects (no ``CUDA_VISIBLE_DEVICES`` write, no print, no mkdir). The schema is
+:mod:`utils.utils_option_schema`; ``netG`` is checked against its network's constructor and each dataset section
+against its dataset class (specs passed in by the flows, so that this bottom layer imports neither).
 """
 
 from __future__ import annotations
@@ -20,113 +21,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from utils import utils_dist
+from utils.utils_option_schema import ANY, DATASET_COMMON, OPTIONAL, REQUIRED, SCHEMA, Opt
 
 logger = logging.getLogger(__name__)
 
-ANY = object()  # type marker: any JSON value
-NUM = (int, float)
-OPT_STR = (str, type(None))
-OPT_NUM = (int, float, type(None))
-OPT_INT = (int, type(None))
-
-# Schema: dotted key -> (accepted types, default). A default of ANY means "no default, key optional".
-# Sections marked FREE are dicts whose own keys are not checked here.
-FREE = "free-form"
-SCHEMA: dict[str, tuple[Any, Any]] = {
-    "task": (str, "vrt_experiment"),
-    "model": (str, "vrt"),
-    "gpu_ids": ((list, str), "auto"),
-    "dist": ((bool, str), False),
-    "find_unused_parameters": (bool, False),
-    "use_static_graph": (bool, False),
-    "scale": (int, 1),
-    "n_channels": (int, 3),
-    "merge_bn": (bool, False),
-    "merge_bn_startpoint": (int, -1),
-    "dist_backend": (OPT_STR, None),
-    "dist_timeout": (NUM, 1800),
-    "sync_bn": (bool, False),
-    # informational keys that KAIR writes into its saved copies of an option file
-    "opt_path": (OPT_STR, ANY),
-    "is_train": (bool, ANY),
-    "num_gpu": ((int, str), ANY),
-    "rank": (int, ANY),
-    "world_size": (int, ANY),
-    "command_line": (str, ANY),
-    "path": (dict, {}),
-    "path.root": (str, "experiments"),
-    "path.pretrained_netG": (OPT_STR, None),
-    "path.pretrained_netE": (OPT_STR, None),
-    "path.pretrained_optimizerG": (OPT_STR, None),
-    "path.task": (OPT_STR, ANY),
-    "path.log": (OPT_STR, ANY),
-    "path.options": (OPT_STR, ANY),
-    "path.models": (OPT_STR, ANY),
-    "path.images": (OPT_STR, ANY),
-    "path.tensorboard": (OPT_STR, ANY),
-    "datasets": (dict, {}),
-    "datasets.*": (dict, FREE),
-    "netG": (dict, FREE),
-    "netE": (dict, FREE),
-    "train": (dict, {}),
-    "train.G_lossfn_type": (str, "charbonnier"),
-    "train.G_lossfn_weight": (NUM, 1.0),
-    "train.G_charbonnier_eps": (NUM, 1e-9),
-    "train.E_decay": (NUM, 0),
-    "train.E_param_strict": (bool, True),
-    "train.G_param_strict": (bool, True),
-    "train.G_optimizer_type": (str, "adam"),
-    "train.G_optimizer_lr": (NUM, 2e-4),
-    "train.G_optimizer_betas": (list, [0.9, 0.999]),
-    "train.G_optimizer_wd": (NUM, 0),
-    "train.G_optimizer_clipgrad": (OPT_NUM, None),
-    "train.G_optimizer_reuse": (bool, False),
-    "train.fix_iter": (int, 0),
-    "train.fix_lr_mul": (NUM, 1.0),
-    "train.fix_keys": (list, []),
-    "train.total_iter": (int, 300000),
-    "train.G_scheduler_type": (str, "CosineAnnealingWarmRestarts"),
-    "train.G_scheduler_periods": (OPT_INT, None),
-    "train.G_scheduler_eta_min": (NUM, 0),
-    "train.G_scheduler_milestones": (list, []),
-    "train.G_scheduler_gamma": (NUM, 0.5),
-    "train.G_scheduler_restart_weights": (NUM, 1),
-    "train.G_regularizer_orthstep": (OPT_INT, None),
-    "train.G_regularizer_clipstep": (OPT_INT, None),
-    "train.checkpoint_test": (int, 5000),
-    "train.checkpoint_save": (int, 5000),
-    "train.checkpoint_print": (int, 200),
-    "train.manual_seed": (OPT_INT, None),
-    "train.F_feature_layer": (ANY, ANY),
-    "train.F_weights": (ANY, ANY),
-    "train.F_lossfn_type": (ANY, ANY),
-    "train.F_use_input_norm": (ANY, ANY),
-    "train.F_use_range_norm": (ANY, ANY),
-    # keys added by this framework
-    "train.amp": (str, "none"),
-    "train.grad_accum_steps": (int, 1),
-    "train.compile": (bool, False),
-    "train.deterministic": (bool, True),
-    "train.tf32": (bool, False),
-    "train.dataloader_timeout": (NUM, 0),
-    "train.stop_on_nonfinite": (bool, True),
-    "val": (dict, {}),
-    "val.save_img": (bool, False),
-    "val.pad_seq": (bool, False),
-    "val.flip_seq": (bool, False),
-    "val.center_frame_only": (bool, False),
-    "val.num_frame_testing": (int, 0),
-    "val.num_frame_overlapping": (int, 2),
-    "val.size_patch_testing": (int, 0),
-    "val.overlap_size": (int, 20),
-    "val.tb_images": (bool, True),
-}
-CHOICES = {
-    "train.amp": ("none", "bf16", "fp16"),
-    "train.G_lossfn_type": ("l1", "l2", "l2sum", "ssim", "charbonnier"),
-    "train.G_optimizer_type": ("adam", "adamw"),
-    "train.G_scheduler_type": ("CosineAnnealingWarmRestarts", "MultiStepLR"),
-    "dist_backend": (None, "nccl", "gloo"),
+Specs = dict[str, dict[str, Opt]]
+# netG keys of KAIR that configure weight initialisation rather than the constructor
+NETWORK_META: dict[str, Opt] = {
+    "net_type": Opt(str, REQUIRED, "The network class."),
+    "init_type": Opt(str, OPTIONAL, "KAIR's weight initialisation; only `default` (the constructor's own).",
+                     refuse=lambda v: None if v == "default" else "only 'default' (the constructor's initialisation)"
+                     " is supported"),
+    "init_bn_type": Opt(ANY, OPTIONAL, "KAIR's BatchNorm initialisation (unused)."),
+    "init_gain": Opt(ANY, OPTIONAL, "KAIR's initialisation gain (unused)."),
 }
 DATASET_PATH_KEYS = ("dataroot_gt", "dataroot_lq", "dataroot_H", "dataroot_L", "meta_info_file", "dataroot_flow")
 
@@ -183,20 +90,6 @@ def load_json(path: str) -> dict[str, Any]:
     return data
 
 
-def _schema_key(dotted: str) -> str | None:
-    if dotted in SCHEMA:
-        return dotted
-    head, _, _ = dotted.partition(".")
-    if head == "datasets" and dotted.count(".") >= 1:
-        return "datasets.*" if dotted.count(".") == 1 else None
-    return None
-
-
-def _in_free_section(dotted: str) -> bool:
-    parts = dotted.split(".")
-    return parts[0] in ("netG", "netE") and len(parts) > 1 or parts[0] == "datasets" and len(parts) > 2
-
-
 def _type_name(types: Any) -> str:
     types = types if isinstance(types, tuple) else (types,)
     names = {int: "integer", float: "number", str: "string", bool: "boolean", list: "list", dict: "object",
@@ -204,42 +97,81 @@ def _type_name(types: Any) -> str:
     return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
 
 
-def _check_type(dotted: str, value: Any, types: Any) -> None:
-    if types is ANY:
-        return
-    allowed = types if isinstance(types, tuple) else (types,)
-    ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
-    if not ok:
-        raise OptionError(f"option '{dotted}' must be {_type_name(types)}, got {type(value).__name__} {value!r}")
-    choices = CHOICES.get(dotted)
-    if choices is not None and value not in choices:
-        valid = ", ".join(repr(c) for c in choices)
+def check_value(dotted: str, value: Any, spec: Opt) -> None:
+    """Type, choices and support of one value.
+
+    Raises:
+        OptionError: naming the key, the expected type or the valid values.
+    """
+    if spec.types is not ANY:
+        allowed = spec.types if isinstance(spec.types, tuple) else (spec.types,)
+        if float in allowed:
+            allowed = (*allowed, int)
+        ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+        if not ok:
+            raise OptionError(f"option '{dotted}' must be {_type_name(spec.types)}, got {type(value).__name__} "
+                              f"{value!r}")
+    if spec.choices is not None and value not in spec.choices:
+        valid = ", ".join(repr(c) for c in spec.choices)
         raise OptionError(f"option '{dotted}' = {value!r} is not one of {valid}")
+    why = spec.refuse(value) if spec.refuse is not None else None
+    if why:
+        raise OptionError(f"option '{dotted}' = {value!r}: {why}")
 
 
-def _known_siblings(prefix: str) -> list[str]:
-    leaves = []
-    for key in SCHEMA:
+def unknown_key_error(dotted: str, known: Iterable[str]) -> OptionError:
+    """The one-line error for a key that is not in ``known`` (with the closest known key, if any)."""
+    known = sorted(known)
+    leaf = dotted.rpartition(".")[2]
+    close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; known keys here: {', '.join(known)}"
+    return OptionError(f"unknown option '{dotted}'{hint}")
+
+
+def resolve_section(values: dict[str, Any], spec: dict[str, Opt], where: str) -> dict[str, Any]:
+    """Check a section against its spec and fill its defaults (a new dict; ``values`` is not modified).
+
+    Args:
+        values: the section as written.
+        spec: ``{key: Opt}`` of the section.
+        where: the dotted name of the section, for the messages (e.g. ``datasets.train``).
+
+    Raises:
+        OptionError: unknown key (with the closest known one), wrong type, invalid value, missing required key.
+    """
+    out = copy.deepcopy(values)
+    for key, value in values.items():
+        if key not in spec:
+            raise unknown_key_error(f"{where}.{key}", spec)
+        check_value(f"{where}.{key}", value, spec[key])
+    for key, opt in spec.items():
+        if key in out:
+            continue
+        if opt.default is REQUIRED:
+            raise OptionError(f"option '{where}.{key}' is required ({opt.doc})")
+        if opt.default is not OPTIONAL:
+            out[key] = copy.deepcopy(opt.default)
+    return out
+
+
+def _children(prefix: str) -> dict[str, Opt]:
+    """The schema entries directly under ``prefix`` (``''`` for the top level), by leaf name."""
+    out = {}
+    for key, opt in SCHEMA.items():
         parent, _, leaf = key.rpartition(".")
-        if parent == prefix and leaf != "*":
-            leaves.append(leaf)
-    return leaves
+        if parent == prefix:
+            out[leaf] = opt
+    return out
 
 
 def _validate(tree: dict[str, Any], prefix: str = "") -> None:
+    children = _children(prefix)
     for key, value in tree.items():
         dotted = f"{prefix}.{key}" if prefix else key
-        if _in_free_section(dotted):
-            continue
-        skey = _schema_key(dotted)
-        if skey is None:
-            known = _known_siblings(prefix)
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; known keys here: {', '.join(sorted(known))}"
-            raise OptionError(f"unknown option '{dotted}'{hint}")
-        types, default = SCHEMA[skey]
-        _check_type(dotted, value, types)
-        if isinstance(value, dict) and default is not FREE or skey == "datasets.*":
+        if key not in children:
+            raise unknown_key_error(dotted, children)
+        check_value(dotted, value, children[key])
+        if isinstance(value, dict) and dotted not in ("netG", "netE", "datasets"):
             _validate(value, dotted)
 
 
@@ -267,21 +199,38 @@ def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> None:
         _set_dotted(tree, key.strip(), value)
 
 
-def _fill_defaults(tree: dict[str, Any]) -> None:
-    for skey, (_, default) in SCHEMA.items():
-        if default is ANY or default is FREE or "*" in skey:
-            continue
-        parent, _, leaf = skey.rpartition(".")
-        node = tree if not parent else tree.get(parent)
-        if isinstance(node, dict) and leaf not in node:
-            node[leaf] = copy.deepcopy(default)
+def _fill_defaults(tree: dict[str, Any], prefix: str = "") -> None:
+    for key, opt in _children(prefix).items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in tree:
+            if opt.default is REQUIRED:
+                raise OptionError(f"option '{dotted}' is required ({opt.doc})")
+            if opt.default is OPTIONAL:
+                continue
+            tree[key] = copy.deepcopy(opt.default)
+        if isinstance(tree[key], dict) and dotted not in ("netG", "netE", "datasets"):
+            _fill_defaults(tree[key], dotted)
+
+
+def kair_notes(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """``'key: why'`` for each informational KAIR key the file sets (accepted, without effect here)."""
+    notes = []
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        opt = SCHEMA.get(dotted)
+        if opt is not None and opt.note:
+            notes.append(f"{dotted} ({opt.note})")
+        if isinstance(value, dict) and opt is not None and dotted not in ("netG", "netE", "datasets"):
+            notes.extend(kair_notes(value, dotted))
+    return notes
 
 
 def _expand(path: Any) -> Any:
     return os.path.expanduser(path) if isinstance(path, str) and path else path
 
 
-def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool) -> None:
+def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool, dataset_specs: Specs | None,
+             net_specs: Specs | None) -> None:
     opt["opt_path"] = opt_path
     opt["is_train"] = is_train
     opt["num_gpu"] = utils_dist.world_info_from_env()[2]  # informational: the job's WORLD_SIZE
@@ -300,6 +249,8 @@ def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool) -> None:
         dataset["phase"] = phase
         dataset.setdefault("scale", opt["scale"])
         dataset.setdefault("n_channels", opt["n_channels"])
+        if dataset_specs is not None:
+            dataset = opt["datasets"][phase_key] = _resolve_dataset(dataset, dataset_specs, f"datasets.{phase_key}")
         for key in DATASET_PATH_KEYS:
             if key in dataset:
                 dataset[key] = _expand(dataset[key])
@@ -312,10 +263,39 @@ def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool) -> None:
     netg = opt.get("netG")
     if not isinstance(netg, dict) or "net_type" not in netg:
         raise OptionError("option 'netG' must be an object with a 'net_type' (e.g. \"vrt\" or \"rvrt\")")
+    if net_specs is not None:
+        check_network(netg, net_specs)
+
+
+def _resolve_dataset(dataset: dict[str, Any], specs: Specs, where: str) -> dict[str, Any]:
+    kind = str(dataset.get("dataset_type", "")).lower()
+    if kind not in specs:
+        raise OptionError(f"option '{where}.dataset_type' = {dataset.get('dataset_type')!r} is unknown; registered: "
+                          f"{', '.join(sorted(specs))}")
+    return resolve_section(dataset, {**DATASET_COMMON, **specs[kind]}, where)
+
+
+def check_network(netg: dict[str, Any], specs: Specs) -> None:
+    """Check ``netG`` against the constructor of its ``net_type`` (names and types; defaults stay the
+    constructor's).
+
+    Raises:
+        OptionError: unknown ``net_type``, unknown argument (with the closest one) or a wrong type.
+    """
+    kind = str(netg["net_type"]).lower()
+    if kind not in specs:
+        raise OptionError(f"option 'netG.net_type' = {netg['net_type']!r} is unknown; registered: "
+                          f"{', '.join(sorted(specs))}")
+    spec = {**NETWORK_META, **specs[kind]}
+    for key, value in netg.items():
+        if key not in spec:
+            raise unknown_key_error(f"netG.{key}", spec)
+        check_value(f"netG.{key}", value, spec[key])
 
 
 def parse(opt_path: str | None, overrides: Iterable[str] = (), is_train: bool = True,
-          base: dict[str, Any] | None = None) -> dict[str, Any]:
+          base: dict[str, Any] | None = None, dataset_specs: Specs | None = None,
+          net_specs: Specs | None = None) -> dict[str, Any]:
     """Load, override, validate and resolve an option file.
 
     Args:
@@ -323,6 +303,10 @@ def parse(opt_path: str | None, overrides: Iterable[str] = (), is_train: bool = 
         overrides: ``KEY=VALUE`` strings with dotted keys (``train.total_iter=10``).
         is_train: training (``images/``) or testing (``test_images/``) layout.
         base: an already loaded option dict (used instead of reading ``opt_path``).
+        dataset_specs: ``{dataset_type: {key: Opt}}``; each dataset section is checked and completed with the
+            spec of its type (the training and evaluation flows pass the registry's; without it dataset sections
+            are only given ``phase``, ``scale`` and ``n_channels``).
+        net_specs: ``{net_type: {key: Opt}}`` built from the network constructors; ``netG`` is checked against it.
 
     Returns:
         A plain nested dict with defaults filled and paths resolved. Treat it as read-only.
@@ -334,7 +318,7 @@ def parse(opt_path: str | None, overrides: Iterable[str] = (), is_train: bool = 
     apply_overrides(tree, overrides)
     _validate(tree)
     _fill_defaults(tree)
-    _resolve(tree, opt_path, is_train)
+    _resolve(tree, opt_path, is_train, dataset_specs, net_specs)
     return tree
 
 

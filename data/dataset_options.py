@@ -1,0 +1,82 @@
+"""Option handling shared by the dataset classes: every class declares ``OPTIONS: dict[str, Opt]`` (type, default,
+doc of each key it reads) and resolves its option dict with :func:`resolve_options` when it is built.
+
+The spec of a dataset section is ``{**DATASET_COMMON, **cls.OPTIONS}`` (:mod:`utils.utils_option_schema`), the
+same one ``utils_option.parse(..., dataset_specs=select_dataset.option_specs())`` checks an option file against,
+so a dataset built directly (tests, ``main_test_vrt.py``) gets the same errors and defaults as one built from an
+option file. Defaults are written in the ``Opt`` entries only; the classes read ``opt[key]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from utils.utils_option import resolve_section
+from utils.utils_option_schema import DATASET_COMMON, NUM, OPTIONAL, Opt
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AUGMENT", "NOISE_RANGE", "RGB_CHANNELS", "at_least", "only", "resolve_options", "spec_of"]
+
+
+def at_least(bound: float) -> Callable[[Any], str | None]:
+    """A ``refuse`` check for a number that must be ``>= bound`` (``None`` passes: its own type check decides)."""
+    def refuse(value: Any) -> str | None:
+        return f"must be >= {bound}" if value is not None and value < bound else None
+    return refuse
+
+
+def only(allowed: Any, why: str) -> Callable[[Any], str | None]:
+    """A ``refuse`` check that accepts ``allowed`` alone (the value meaning "off" or "default") and gives ``why``."""
+    def refuse(value: Any) -> str | None:
+        return None if value == allowed else why
+    return refuse
+
+
+RGB_CHANNELS = Opt(int, OPTIONAL, "Image channels (default: the top-level `n_channels`); frames are read as RGB, so "
+                   "only 3.", refuse=only(3, "frames are read as 3-channel RGB"))
+# the reference's augmentation, drawn per item and shared by every frame of the clip (LQ and GT)
+AUGMENT: dict[str, Opt] = {
+    "use_hflip": Opt(bool, True, "Flip horizontally with probability 0.5 (one draw for all frames, LQ and GT)."),
+    "use_rot": Opt(bool, True, "Flip vertically, then transpose, each with probability 0.5 (one draw per clip); "
+                   "with `use_hflip` these give the 8 rotations/reflections."),
+}
+# non-blind denoising training: one noise level per clip
+NOISE_RANGE: dict[str, Opt] = {
+    "sigma_min": Opt(NUM, 0, "Smallest noise std on the [0, 255] scale; each clip draws one sigma from "
+                     "U[sigma_min, sigma_max] for all its frames.", refuse=at_least(0)),
+    "sigma_max": Opt(NUM, 50, "Largest noise std on the [0, 255] scale (at least `sigma_min`).", refuse=at_least(0)),
+}
+
+
+def spec_of(cls: type) -> dict[str, Opt]:
+    """The full spec of a dataset class's section: ``{**DATASET_COMMON, **cls.OPTIONS}``."""
+    return {**DATASET_COMMON, **cls.OPTIONS}
+
+
+def resolve_options(cls: type, opt: dict[str, Any]) -> dict[str, Any]:
+    """Check a dataset's option dict against its class's spec and fill the defaults.
+
+    ``dataset_type`` defaults to the class name (a dataset built directly knows its type). Keys that are accepted
+    for KAIR compatibility but have no effect (``Opt.note``) are logged.
+
+    Args:
+        cls: the dataset class (its ``OPTIONS``).
+        opt: the section as written or as parsed; not modified.
+
+    Returns:
+        A new dict holding every key of the spec that has a default.
+
+    Raises:
+        utils.utils_option.OptionError: unknown key (with the closest known one), wrong type, invalid or refused
+            value, missing required key; the message names ``<ClassName>.<key>``.
+    """
+    spec = spec_of(cls)
+    values = {"dataset_type": cls.__name__, **opt}
+    resolved = resolve_section(values, spec, where=cls.__name__)
+    for key in opt:
+        if spec[key].note:
+            logger.info("%s: option '%s' has no effect: %s", cls.__name__, key, spec[key].note)
+    return resolved

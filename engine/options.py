@@ -1,0 +1,33 @@
+"""Option files as the flows read them: the schema of ``utils.utils_option`` completed with every registered
+dataset class and network constructor (which the bottom layer cannot import)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from data.select_dataset import option_specs
+from models.select_network import network_specs
+from utils import utils_option
+
+logger = logging.getLogger(__name__)
+
+
+def parse_options(path: str | None, overrides: Iterable[str] = (), is_train: bool = True,
+                  base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`utils.utils_option.parse` with the dataset and network schemas.
+
+    Raises:
+        utils.utils_option.OptionError: one line naming the file, key or value and what would be valid.
+    """
+    return utils_option.parse(path, overrides, is_train=is_train, base=base, dataset_specs=option_specs(),
+                              net_specs=network_specs())
+
+
+def log_kair_notes(path: str | None) -> None:
+    """One log line naming the KAIR keys the file sets that have no effect here, and why."""
+    if path:
+        notes = utils_option.kair_notes(utils_option.load_json(path))
+        if notes:
+            logger.info("Accepted for compatibility, without effect here: %s", "; ".join(notes))

@@ -1,0 +1,182 @@
+"""The option schema: every key of an option file outside ``netG`` and the dataset-specific keys, with its type,
+its default (the only place that default is written) and what it does.
+
+``netG`` keys are the network constructor's arguments (``models.select_network``), and each dataset class declares
+its own keys in an ``OPTIONS`` dict of :class:`Opt` (``data/``); :data:`DATASET_COMMON` are the keys every dataset
+section takes. ``docs/options.md`` is generated from all of these (``python scripts/gen_options_doc.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ANY = object()  # type marker: any JSON value
+REQUIRED = object()  # default marker: the key must be given
+OPTIONAL = object()  # default marker: the key may be absent (no default is filled in)
+NUM = (int, float)
+OPT_STR = (str, type(None))
+OPT_NUM = (int, float, type(None))
+OPT_INT = (int, type(None))
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One option.
+
+    Attributes:
+        types: accepted Python types of the JSON value (a type, a tuple of types, or :data:`ANY`).
+        default: filled in when the key is absent; :data:`REQUIRED` or :data:`OPTIONAL` for none.
+        doc: what the option does (one or two sentences, for the generated reference).
+        choices: the valid values, if restricted.
+        refuse: returns why a value is not supported (a KAIR feature we do not implement), or ``None``.
+        note: for KAIR keys that are accepted but have no effect here: why (logged once when the key is set).
+    """
+
+    types: Any
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    refuse: Callable[[Any], str | None] | None = None
+    note: str | None = None
+
+
+def _only_off(feature: str) -> Callable[[Any], str | None]:
+    def refuse(value: Any) -> str | None:
+        return None if value in (None, 0, False) else f"{feature} is not supported for VRT/RVRT; set it to null"
+    return refuse
+
+
+FREE = "free-form"  # a section whose keys are checked elsewhere (netG: constructor; datasets.*: dataset class)
+
+SCHEMA: dict[str, Opt] = {
+    # ---- top level
+    "task": Opt(str, "vrt_experiment", "Experiment name: outputs go to `path.root/task/`; re-running the same "
+                "task resumes it."),
+    "model": Opt(str, "vrt", "Training model: `vrt` (VRT and RVRT, with fix_iter phases and tiled validation) or "
+                 "`plain` (one pixel loss, whole-clip validation); `rvrt` is an alias of `vrt`.",
+                 choices=("vrt", "rvrt", "plain")),
+    "gpu_ids": Opt((list, str), "auto", "Informational.", note="the processes come from the launcher "
+                   "(torchrun, srun), one per GPU; restrict GPUs with CUDA_VISIBLE_DEVICES"),
+    "dist": Opt((bool, str), False, "Informational.", note="distributed mode comes from WORLD_SIZE"),
+    "find_unused_parameters": Opt(bool, False, "DDP's `find_unused_parameters` (not needed by VRT/RVRT, costs a "
+                                  "graph traversal per step)."),
+    "use_static_graph": Opt(bool, False, "Informational.", note="DDP needs no static graph here: activation "
+                            "checkpointing is non-reentrant and fix_iter re-wraps DDP"),
+    "scale": Opt(int, 1, "Upscaling factor; also the default `scale` of every dataset section."),
+    "n_channels": Opt(int, 3, "Image channels; also the default `n_channels` of every dataset section."),
+    "merge_bn": Opt(bool, False, "KAIR's BatchNorm folding (VRT/RVRT have no BatchNorm).",
+                    refuse=_only_off("merge_bn (BatchNorm folding)")),
+    "merge_bn_startpoint": Opt(int, -1, "KAIR's BatchNorm folding start (unused: see `merge_bn`)."),
+    "dist_backend": Opt(OPT_STR, None, "Process-group backend; default `nccl` with CUDA, else `gloo` "
+                        "(environment: `VRT_DIST_BACKEND`).", choices=(None, "nccl", "gloo")),
+    "dist_timeout": Opt(NUM, 1800, "Seconds any collective may wait before the job fails (bounds every hang)."),
+    "sync_bn": Opt(bool, False, "Convert BatchNorm layers to SyncBatchNorm under DDP (VRT/RVRT have none)."),
+    # keys KAIR writes into its saved copies of an option file
+    "opt_path": Opt(OPT_STR, OPTIONAL, "Written into saved copies (the file that was parsed)."),
+    "is_train": Opt(bool, OPTIONAL, "Written into saved copies."),
+    "num_gpu": Opt((int, str), OPTIONAL, "Written into saved copies (the job's WORLD_SIZE)."),
+    "rank": Opt(int, OPTIONAL, "Written into KAIR's saved copies."),
+    "world_size": Opt(int, OPTIONAL, "Written into KAIR's saved copies."),
+    "command_line": Opt(str, OPTIONAL, "Written into saved copies (the command that started the run)."),
+    # ---- path
+    "path": Opt(dict, {}, "Where things are read and written."),
+    "path.root": Opt(str, "experiments", "Folder holding one sub-folder per task."),
+    "path.pretrained_netG": Opt(OPT_STR, None, "Weights to start from (`{'params': ...}`), used only when the "
+                                "experiment has no checkpoint to resume."),
+    "path.pretrained_netE": Opt(OPT_STR, None, "EMA weights to start from (default: a copy of the generator)."),
+    "path.pretrained_optimizerG": Opt(OPT_STR, None, "Optimizer state to start from, with `pretrained_netG` "
+                                      "(when `train.G_optimizer_reuse` is true)."),
+    "path.task": Opt(OPT_STR, OPTIONAL, "Derived: `root/task`."),
+    "path.log": Opt(OPT_STR, OPTIONAL, "Derived: the folder of `train.log`."),
+    "path.options": Opt(OPT_STR, OPTIONAL, "Derived: where resolved copies of the options are saved."),
+    "path.models": Opt(OPT_STR, OPTIONAL, "Derived: the checkpoint folder."),
+    "path.images": Opt(OPT_STR, OPTIONAL, "Derived: validation images."),
+    "path.tensorboard": Opt(OPT_STR, OPTIONAL, "Derived: TensorBoard logs."),
+    # ---- sections checked elsewhere
+    "datasets": Opt(dict, {}, "One section per dataset: keys starting with `train` or `test`."),
+    "netG": Opt(dict, REQUIRED, "The generator: `net_type` plus constructor arguments."),
+    "netE": Opt(dict, OPTIONAL, "Informational (KAIR); the EMA network is a copy of `netG`."),
+    # ---- train
+    "train": Opt(dict, {}, "Training."),
+    "train.G_lossfn_type": Opt(str, "charbonnier", "Pixel loss.", choices=("l1", "l2", "l2sum", "ssim",
+                                                                             "charbonnier")),
+    "train.G_lossfn_weight": Opt(NUM, 1.0, "Loss multiplier."),
+    "train.G_charbonnier_eps": Opt(NUM, 1e-9, "Charbonnier epsilon, inside the square root."),
+    "train.E_decay": Opt(NUM, 0, "EMA decay of the evaluation copy (0: no EMA; validation then uses the "
+                         "generator)."),
+    "train.E_param_strict": Opt(bool, True, "Load `path.pretrained_netE` strictly."),
+    "train.G_param_strict": Opt(bool, True, "Load `path.pretrained_netG` strictly (false: matching names and "
+                                "shapes only, the rest reported)."),
+    "train.G_optimizer_type": Opt(str, "adam", "Optimizer.", choices=("adam", "adamw")),
+    "train.G_optimizer_lr": Opt(NUM, 2e-4, "Base learning rate."),
+    "train.G_optimizer_betas": Opt(list, [0.9, 0.999], "Adam betas."),
+    "train.G_optimizer_wd": Opt(NUM, 0, "Weight decay."),
+    "train.G_optimizer_clipgrad": Opt(OPT_NUM, None, "Clip the global gradient norm to this value (null: off)."),
+    "train.G_optimizer_reuse": Opt(bool, False, "Restore the optimizer state on resume (false: it restarts, as in "
+                                   "KAIR, and the resume is not exact)."),
+    "train.fix_iter": Opt(int, 0, "Steps before which the `fix_keys` parameters are frozen (0: never frozen; "
+                          "-1: never frozen but `fix_lr_mul` applies)."),
+    "train.fix_lr_mul": Opt(NUM, 1.0, "LR multiplier of the `fix_keys` parameters."),
+    "train.fix_keys": Opt(list, [], "Substrings of parameter names (e.g. `spynet`, `deform`)."),
+    "train.total_iter": Opt(int, 300000, "Optimisation steps; re-run with a larger value to train further."),
+    "train.G_scheduler_type": Opt(str, "CosineAnnealingWarmRestarts", "LR schedule (closed form of the step).",
+                                  choices=("CosineAnnealingWarmRestarts", "MultiStepLR")),
+    "train.G_scheduler_periods": Opt(OPT_INT, None, "Cosine period T_0 (null: `total_iter`)."),
+    "train.G_scheduler_eta_min": Opt(NUM, 0, "Cosine minimum LR."),
+    "train.G_scheduler_milestones": Opt(list, [], "MultiStepLR milestones."),
+    "train.G_scheduler_gamma": Opt(NUM, 0.5, "MultiStepLR factor."),
+    "train.G_scheduler_restart_weights": Opt(NUM, 1, "Cosine period growth T_mult (KAIR's use of this key)."),
+    "train.G_regularizer_orthstep": Opt(OPT_INT, None, "KAIR's orthogonal regulariser (plain CNNs).",
+                                        refuse=_only_off("G_regularizer_orthstep (orthogonal regularisation)")),
+    "train.G_regularizer_clipstep": Opt(OPT_INT, None, "KAIR's weight clipping (plain CNNs).",
+                                        refuse=_only_off("G_regularizer_clipstep (weight clipping)")),
+    "train.checkpoint_test": Opt(int, 5000, "Validate every N steps (0: never)."),
+    "train.checkpoint_save": Opt(int, 5000, "Save a checkpoint every N steps (and at the last step)."),
+    "train.checkpoint_print": Opt(int, 200, "Log a training line every N steps."),
+    "train.manual_seed": Opt(OPT_INT, None, "Seed (null: rank 0 draws one, all ranks use it)."),
+    "train.F_feature_layer": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="VRT training has no "
+                                 "perceptual loss"),
+    "train.F_weights": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
+    "train.F_lossfn_type": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
+    "train.F_use_input_norm": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
+    "train.F_use_range_norm": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
+    "train.amp": Opt(str, "none", "Autocast: `bf16`, or `fp16` with a GradScaler; deformable sampling, warping "
+                     "and offsets stay fp32.", choices=("none", "bf16", "fp16")),
+    "train.grad_accum_steps": Opt(int, 1, "Micro-batches per step; global batch = per-process batch x "
+                                  "processes x this."),
+    "train.compile": Opt(bool, False, "`torch.compile` the network before DDP wraps it."),
+    "train.deterministic": Opt(bool, True, "Deterministic kernels: two runs of one command, and a resumed run, "
+                               "are bit-identical (docs/reliability.md)."),
+    "train.tf32": Opt(bool, False, "Allow TF32 in fp32 matmuls and convolutions on Ampere+ GPUs."),
+    "train.dataloader_timeout": Opt(NUM, 0, "Seconds a training batch may take (0: no limit); a stall stops "
+                                    "the run after each loader worker printed its stack."),
+    # ---- val
+    "val": Opt(dict, {}, "Validation during training (and the defaults of `main_test_vrt.py --opt`)."),
+    "val.save_img": Opt(bool, False, "Write restored frames to `images/<clip>/<frame>_<step>.png`."),
+    "val.tb_images": Opt(bool, True, "Log an image strip (LQ | output | GT) of the first clip to TensorBoard."),
+    "val.pad_seq": Opt(bool, False, "Repeat the last frame once before inference (its output is dropped)."),
+    "val.flip_seq": Opt(bool, False, "Average with the restoration of the time-reversed clip."),
+    "val.center_frame_only": Opt(bool, False, "Score only the centre output frame."),
+    "val.num_frame_testing": Opt(int, 0, "Frames per temporal tile (0: the whole clip)."),
+    "val.num_frame_overlapping": Opt(int, 2, "Frames shared by consecutive temporal tiles."),
+    "val.size_patch_testing": Opt(int, 0, "LQ pixels per spatial tile, a multiple of the window (0: whole "
+                                  "frames)."),
+    "val.overlap_size": Opt(int, 20, "LQ pixels shared by neighbouring spatial tiles."),
+}
+
+# keys every dataset section takes (the dataset classes add their own)
+DATASET_COMMON: dict[str, Opt] = {
+    "name": Opt(str, "dataset", "A label for the log."),
+    "dataset_type": Opt(str, REQUIRED, "The dataset class (case-insensitive)."),
+    "phase": Opt(str, OPTIONAL, "Derived from the section name (`train...` or `test...`).",
+                 choices=("train", "test")),
+    "scale": Opt(int, OPTIONAL, "Upscaling factor (default: the top-level `scale`)."),
+    "n_channels": Opt(int, OPTIONAL, "Image channels (default: the top-level `n_channels`)."),
+    "dataloader_shuffle": Opt(bool, True, "Shuffle training clips every epoch."),
+    "dataloader_num_workers": Opt(int, 0, "Loader worker processes in total (split over the processes, as "
+                                  "in KAIR)."),
+    "dataloader_batch_size": Opt(int, 1, "Global batch: clips per step over all processes and accumulation "
+                                 "steps, as in KAIR."),
+}
