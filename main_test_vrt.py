@@ -4,7 +4,7 @@
         --folder_gt testsets/REDS4/GT --tile 40 128 128 --tile_overlap 2 20 20 --save_result
     python main_test_vrt.py --opt options/vrt/000_train_vrt_demo.json --folder_lq clips/ --folder_gt gt/
 
-See ``engine/evaluate.py`` for the logic and the README for every task's settings.
+See ``engine/evaluate.py`` for the logic and docs/evaluation.md for every task's settings.
 """
 
 from __future__ import annotations

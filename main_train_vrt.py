@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opt = parse_options(args.opt, args.set)
         utils_numerics.prepare_environment(opt["train"]["deterministic"])  # before anything starts cuBLAS
-        dist_info = utils_dist.init_dist(opt.get("dist_backend"), opt.get("dist_timeout"))
+        dist_info = utils_dist.init_dist(opt["dist_backend"], opt["dist_timeout"])
         try:
             rank = dist_info.rank
             setup_logger(None, rank)

@@ -53,7 +53,7 @@ def read_meta_lines(path: str) -> list[str]:
         with open(path) as f:
             return [ln.strip() for ln in f]
     except OSError as err:
-        hint = ("; write it with scripts/data_preparation/generate_meta_info.py (README: 'Datasets: preparation')"
+        hint = ("; write it with scripts/data_preparation/generate_meta_info.py (docs/datasets.md)"
                 if isinstance(err, FileNotFoundError) else "")
         raise DataCheckError(f"meta_info_file {path} cannot be read: {err.strerror or err}{hint}") from err
 

@@ -71,7 +71,8 @@ SCHEMA: dict[str, Opt] = {
     "merge_bn_startpoint": Opt(int, -1, "KAIR's BatchNorm folding start (unused: see `merge_bn`)."),
     "dist_backend": Opt(OPT_STR, None, "Process-group backend; default `nccl` with CUDA, else `gloo` "
                         "(environment: `VRT_DIST_BACKEND`).", choices=(None, "nccl", "gloo")),
-    "dist_timeout": Opt(NUM, 1800, "Seconds any collective may wait before the job fails (bounds every hang)."),
+    "dist_timeout": Opt(OPT_NUM, None, "Seconds any collective may wait before the job fails (bounds every hang); "
+                        "null: the environment's `VRT_DIST_TIMEOUT`, else 1800."),
     "sync_bn": Opt(bool, False, "Convert BatchNorm layers to SyncBatchNorm under DDP (VRT/RVRT have none)."),
     # keys KAIR writes into its saved copies of an option file
     "opt_path": Opt(OPT_STR, OPTIONAL, "Written into saved copies (the file that was parsed)."),
