@@ -3,7 +3,7 @@
 KAIR calls ``scheduler.step(n)`` before the n-th update, so the LR used at step n is the closed form at n. We
 keep that, with one fix: with ``CosineAnnealingWarmRestarts`` a cycle ends *at* its last step (step ``T_0``
 runs at ``eta_min``) instead of restarting there, so the final step of a run whose period equals ``total_iter``
-is no longer taken at the full, restarted learning rate (KAIR's bug).
+is not taken at the full, restarted learning rate (KAIR's bug).
 """
 
 from __future__ import annotations
