@@ -16,6 +16,8 @@ same measurement (so both networks are measured from the same starting point).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import importlib.util
 import json
 import os
@@ -33,6 +35,7 @@ from torch import nn  # noqa: E402
 from models.model_zoo import TASKS  # noqa: E402
 from models.network_vrt import VRT  # noqa: E402
 from models.select_network import network_kwargs  # noqa: E402
+from utils import utils_numerics  # noqa: E402
 
 PRESETS: dict[str, dict[str, Any]] = {
     'tiny': {'upscale': 4, 'img_size': (6, 64, 64), 'window_size': (6, 8, 8), 'depths': (2,) * 7 + (2,) * 6,
@@ -83,10 +86,13 @@ def _sync(device: torch.device) -> None:
 
 
 class Runner:
-    """One network, its optimizer and fixed data; times forward passes and train steps."""
+    """One network, its optimizer and fixed data; times forward passes and train steps (under the numerics policy
+    of ``train.deterministic = deterministic`` when that is not None)."""
 
-    def __init__(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: str) -> None:
+    def __init__(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: str,
+                 deterministic: bool | None = None) -> None:
         self.net, self.x, self.y = net, x, y
+        self.deterministic = deterministic
         self.opt = torch.optim.Adam(net.parameters(), lr=1e-4, betas=(0.9, 0.99))
         self.dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
         self.scaler = torch.amp.GradScaler(x.device.type, enabled=amp == 'fp16')
@@ -94,7 +100,25 @@ class Runner:
     def _autocast(self):
         return torch.autocast(self.x.device.type, dtype=self.dtype, enabled=self.dtype is not None)
 
+    @contextlib.contextmanager
+    def _mode(self):
+        before = utils_numerics.current_state()
+        if self.deterministic is not None:  # the policy training applies for train.deterministic
+            utils_numerics.apply_policy(self.deterministic, tf32=False, device=self.x.device)
+        try:
+            yield
+        finally:
+            utils_numerics.restore_state(before)
+
     def forward(self) -> float:
+        with self._mode():
+            return self._forward()
+
+    def train_step(self) -> float:
+        with self._mode():
+            return self._train_step()
+
+    def _forward(self) -> float:
         self.net.eval()
         _sync(self.x.device)
         start = time.perf_counter()
@@ -103,7 +127,7 @@ class Runner:
         _sync(self.x.device)
         return time.perf_counter() - start
 
-    def train_step(self) -> float:
+    def _train_step(self) -> float:
         self.net.train()
         _sync(self.x.device)
         start = time.perf_counter()
@@ -186,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
     add_run_args(parser, 'torch.compile our network', iters=5)
     parser.add_argument('--reference-dir', help='directory with the reference models/network_vrt.py to compare')
+    parser.add_argument('--deterministic', choices=('on', 'off', 'both'),
+                        help="torch.use_deterministic_algorithms during the measurement; 'both' times our network "
+                             "with and without it, alternately")
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -214,7 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         nets['reference'] = reference
     if args.compile:
         nets['ours'] = torch.compile(ours)
-    runners = {name: Runner(net, x, y, args.amp) for name, net in nets.items()}
+    modes = {'on': [True], 'off': [False], 'both': [True, False], None: [None]}[args.deterministic]
+    runners = {}
+    for name, net in nets.items():
+        for mode in modes:
+            label = name if mode is None else f"{name}-deterministic-{'on' if mode else 'off'}"
+            runners[label] = Runner(copy.deepcopy(net) if len(modes) > 1 else net, x, y, args.amp, mode)
 
     common = {'preset': None if args.opt else args.preset, 'opt': args.opt, 'device': str(device),
               'amp': args.amp, 'compile': args.compile, 'batch': args.batch, 'frames': d, 'lq_size': [h, w],
