@@ -2,21 +2,27 @@
 
 * features are channels-last ``(B, D, H, W, C)``;
 * attention runs through ``F.scaled_dot_product_attention`` with the relative-position bias and the shift mask
-  folded into one additive mask; shift masks are cached per size;
+  folded into one additive mask; shift masks are cached per size (an LRU bounded in bytes per device);
+* off the CPU, q, k and v are zero-padded along the head dim to a multiple of :data:`HEAD_DIM_MULTIPLE` (exact),
+  so that the fused CUDA kernels take VRT's head dims 20 and 30, bias gradient included;
+* the folded (window x head) axis is cut into chunks of at most :data:`MAX_FOLDED` (the CUDA grid limit);
 * activation checkpointing is non-reentrant.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, trunc_normal_
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 Size3 = tuple[int, int, int]
@@ -56,16 +62,8 @@ def get_window_size(x_size: Size3, window_size: Size3, shift_size: Size3) -> tup
     return tuple(use_window), tuple(use_shift)  # type: ignore[return-value]
 
 
-@functools.lru_cache(maxsize=64)
-def compute_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, device: torch.device) -> Tensor:
-    """Additive attention mask for shifted windows (0 inside a region, -100 across regions), cached per size.
-
-    Args:
-        d, h, w: padded input size, multiples of the window.
-
-    Returns:
-        (num_windows, N, N) with N = Wd * Wh * Ww.
-    """
+def _build_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, device: torch.device) -> Tensor:
+    """The shift mask of :func:`compute_mask`, uncached."""
     img_mask = torch.zeros((1, d, h, w, 1), device=device)
     cnt = 0
     slices = [
@@ -77,8 +75,72 @@ def compute_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, 
                 img_mask[:, sd, sh, sw, :] = cnt
                 cnt += 1
     mask_windows = window_partition(img_mask, window_size).squeeze(-1)  # (nW, N)
-    attn_mask = mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)
-    return attn_mask.masked_fill(attn_mask != 0, -100.0).masked_fill(attn_mask == 0, 0.0)
+    across = mask_windows.unsqueeze(1) != mask_windows.unsqueeze(2)  # (nW, N, N) bool: 1 byte per entry
+    return torch.zeros(across.shape, device=device).masked_fill_(across, -100.0)
+
+
+# Shift masks kept per device, least recently used dropped first. A mask is (num_windows, N, N) float32: the 001
+# recipe's validation tiles (40 x 128 x 128 LQ) need 0.3-1.1 GB each at full scale, about 2 GB in all, which an
+# unbounded cache keeps on the GPU for the rest of the run; the training sizes need tens of MB. A mask above the
+# budget is built per call (a few memory-bound passes, negligible next to the attention that uses it).
+MASK_CACHE_BYTES = 256 * 2**20
+
+
+class _MaskCache:
+    """LRU of shift masks, bounded by :data:`MASK_CACHE_BYTES` per device (read at every insertion)."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, device: torch.device, build: Callable[[], Tensor]) -> Tensor:
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+        # built outside inference mode: a mask first made during validation serves training steps after it
+        with torch.inference_mode(False):
+            mask = build()
+        size = mask.numel() * mask.element_size()
+        with self._lock:
+            if size > MASK_CACHE_BYTES:
+                return mask
+            while self.nbytes(device) + size > MASK_CACHE_BYTES:
+                oldest = next(k for k in self._entries if k[-1] == device)
+                del self._entries[oldest]
+            self._entries[key] = mask
+        return mask
+
+    def nbytes(self, device: torch.device) -> int:
+        """Bytes held for ``device``."""
+        return sum(m.numel() * m.element_size() for k, m in self._entries.items() if k[-1] == device)
+
+    def keys(self) -> list[tuple]:
+        return list(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+MASK_CACHE = _MaskCache()
+
+
+@torch.compiler.disable  # the cache is Python state: under torch.compile the mask comes in as a graph input
+def compute_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, device: torch.device) -> Tensor:
+    """Additive attention mask for shifted windows (0 inside a region, -100 across regions), cached per size.
+
+    Args:
+        d, h, w: padded input size, multiples of the window.
+        window_size, shift_size: (Wd, Wh, Ww) window and its cyclic shift.
+        device: where the mask lives (one cache budget per device).
+
+    Returns:
+        (num_windows, N, N) float32 with N = Wd * Wh * Ww; shared with later calls (do not modify it).
+    """
+    device = torch.device(device)
+    key = (d, h, w, tuple(window_size), tuple(shift_size), device)
+    return MASK_CACHE.get(key, device, lambda: _build_mask(d, h, w, window_size, shift_size, device))
 
 
 def relative_position_index(window_size: Size3) -> Tensor:
@@ -168,6 +230,156 @@ class _BiasedAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_bias, None
 
 
+# The memory-efficient CUDA kernel (the one that takes a trainable additive mask) needs the head dim to be a multiple
+# of 8 in fp16/bf16 and of 4 in fp32; VRT's head dims are 20 (120 / 6) and 30 (180 / 6), so without padding every
+# attention call falls back to the math kernel, which stores the (N x N) probabilities. Zero columns in q and k add
+# nothing to q . k, and zero columns in v give zero output columns that are cut off: exact.
+HEAD_DIM_MULTIPLE = 8
+# The CPU kernels take any head dim. Measured there (Xeon, 1 thread, 384 folded heads x 384 tokens, forward +
+# backward): padding 20 -> 24 takes 1.02-1.18x the time, 30 -> 32 0.82-0.88x in fp32 (1.03-1.09x in bf16),
+# i.e. noise-level either way; the CPU keeps the true head dim (and its bits). Tests set this to run the padded
+# path on the CPU.
+PAD_HEAD_DIM_ON_CPU = False
+# The fused CUDA kernels put the batch and the head axis in grid.y/grid.z, limited to 65,535 (pytorch#142228:
+# "invalid configuration argument" or a wrong result beyond it). With the windows folded into the head axis, a
+# 12 x 256 x 256 validation tile reaches 6,144 windows x 2 frames x 6 heads = 73,728 in the shifted mutual
+# attention; the calls are cut into chunks of at most this many along both axes (exact: rows are independent).
+MAX_FOLDED = 65535
+
+
+def _pads_head_dim(t: Tensor) -> bool:
+    return t.device.type != 'cpu' or PAD_HEAD_DIM_ON_CPU
+
+
+def efficient_kernel_blockers(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> list[str]:
+    """Why CUDA's memory-efficient SDPA kernel (sm80+) would refuse these inputs, as far as our calls can differ:
+    dtype, head-dim alignment, the grid limit, the last-dim stride and the mask dtype. Empty when eligible.
+
+    A device-independent stand-in for ``torch.backends.cuda.can_use_efficient_attention`` (which needs CUDA
+    tensors), so that CPU and meta-device runs can check the shapes the CUDA path produces.
+    """
+    reasons = []
+    if q.dim() != 4 or {t.dim() for t in (k, v)} != {4}:
+        reasons.append('inputs are not 4-D')
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not q.dtype == k.dtype == v.dtype:
+        reasons.append(f'dtypes {q.dtype}/{k.dtype}/{v.dtype}')
+    align = 4 if q.dtype == torch.float32 else 8
+    if q.shape[-1] != k.shape[-1] or q.shape[-1] % align or v.shape[-1] % align:
+        reasons.append(f'head dims {q.shape[-1]}/{v.shape[-1]} not multiples of {align}')
+    if q.dim() == 4 and max(q.shape[0], q.shape[1]) > 65535:
+        reasons.append(f'batch x heads {q.shape[0]} x {q.shape[1]} above the grid limit 65,535')
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        reasons.append('last dim not contiguous')
+    if mask is not None and mask.dtype not in (torch.bool, q.dtype):
+        reasons.append(f'mask dtype {mask.dtype}')
+    return reasons
+
+
+_OBSERVERS: list[list[dict[str, Any]]] = []
+_SDPA_KERNELS = {
+    'aten._scaled_dot_product_efficient_attention': 'efficient',
+    'aten._scaled_dot_product_flash_attention': 'flash',
+    'aten._scaled_dot_product_flash_attention_for_cpu': 'flash_cpu',
+    'aten._scaled_dot_product_cudnn_attention': 'cudnn',
+    'aten._scaled_dot_product_fused_attention_overrideable': 'overrideable',
+}
+
+
+class _KernelProbe(TorchDispatchMode):
+    """Names the fused SDPA kernel dispatched inside it ('math' when only the decomposed ops ran)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel = 'math'
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = _SDPA_KERNELS.get(str(func.overloadpacket))
+        if name is not None:
+            self.kernel = name
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def record_attention_calls() -> Iterator[list[dict[str, Any]]]:
+    """Record every attention call made inside the block (a diagnostic for tests and benchmarks).
+
+    Yields:
+        A list that receives one dict per call: ``q``/``v``/``mask`` shapes, ``dtype``, ``device``,
+        ``mask_grad`` (a trainable mask), ``path`` ('sdpa', or 'biased' for :class:`_BiasedAttention`),
+        ``kernel`` (the forward kernel SDPA dispatched: 'efficient', 'flash', 'cudnn', 'flash_cpu' or 'math'),
+        and ``blockers`` (:func:`efficient_kernel_blockers`).
+    """
+    calls: list[dict[str, Any]] = []
+    _OBSERVERS.append(calls)
+    try:
+        yield calls
+    finally:
+        _OBSERVERS.remove(calls)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """One attention call: (B, H, N, d) each, mask (1, H, N, N) or None -> (B, H, N, d).
+
+    On the CPU a trainable mask goes through :class:`_BiasedAttention` (the CPU flash kernel cannot give the mask
+    gradient, and its math fallback stores the (B, H, N, N) probabilities); elsewhere SDPA picks its kernel.
+    """
+    biased = mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled()
+    probe = _KernelProbe() if _OBSERVERS else contextlib.nullcontext()
+    with probe:
+        if biased:
+            out = _BiasedAttention.apply(q, k, v, mask, scale)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if _OBSERVERS:
+        info = {'q': tuple(q.shape), 'v': tuple(v.shape), 'mask': None if mask is None else tuple(mask.shape),
+                'dtype': str(q.dtype).replace('torch.', ''), 'device': q.device.type,
+                'mask_grad': bool(mask is not None and mask.requires_grad), 'scale': scale,
+                'path': 'biased' if biased else 'sdpa', 'kernel': probe.kernel,
+                'blockers': efficient_kernel_blockers(q, k, v, mask)}
+        for calls in _OBSERVERS:
+            calls.append(info)
+    return out
+
+
+def _spans(n: int, limit: int) -> list[slice]:
+    """``n`` split into the fewest near-equal spans of at most ``limit``."""
+    parts = -(-n // limit)
+    size = -(-n // parts)
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """Scaled dot-product attention with the CUDA kernels' constraints taken care of.
+
+    * off the CPU (or with :data:`PAD_HEAD_DIM_ON_CPU`), q, k, v are zero-padded along the head dim to a multiple
+      of :data:`HEAD_DIM_MULTIPLE` and the output is cut back; ``scale`` stays the caller's (true head dim's);
+    * batch and head axes above :data:`MAX_FOLDED` are cut into chunks (the mask sliced along with the heads).
+
+    Args:
+        q, k, v: (B, H, N, d).
+        mask: (1, H, N, N) additive (trainable or not), or None.
+        scale: the softmax scale, e.g. ``d ** -0.5`` of the unpadded d.
+
+    Returns:
+        (B, H, N, d).
+    """
+    hd = q.shape[-1]
+    pad = (-hd) % HEAD_DIM_MULTIPLE if _pads_head_dim(q) else 0
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    b, heads = q.shape[:2]
+    if b <= MAX_FOLDED and heads <= MAX_FOLDED:
+        out = _sdpa(q, k, v, mask, scale)
+    else:
+        rows = []
+        for bs in _spans(b, MAX_FOLDED):
+            cols = [_sdpa(q[bs, hs], k[bs, hs], v[bs, hs], None if mask is None else mask[:, hs], scale)
+                    for hs in _spans(heads, MAX_FOLDED)]
+            rows.append(torch.cat(cols, 1) if len(cols) > 1 else cols[0])
+        out = torch.cat(rows, 0) if len(rows) > 1 else rows[0]
+    return out[..., :hd] if pad else out
+
+
 class WindowAttention(nn.Module):
     """Window self-attention with relative position bias, plus optional mutual attention between frame pairs.
 
@@ -213,8 +425,7 @@ class WindowAttention(nn.Module):
         q, k, v: (B * nW, ..., h, n, hd); bias: (nW or 1, ..., h or 1, n, n) additive, or None.
         The window axis is folded into the head axis, so the problem is 4-D with a mask broadcast over the batch:
         ``F.scaled_dot_product_attention`` then takes its fused kernels (flash on CPU, memory-efficient on CUDA).
-        The CPU flash kernel cannot give the gradient of a trainable mask (the relative position bias) and its
-        math fallback stores the (B, heads, N, N) probabilities; :class:`_BiasedAttention` covers that case.
+        See :func:`attention` for the head-dim padding and the chunking of the folded axis.
         """
         shape = q.shape
         n = shape[-2]
@@ -224,12 +435,8 @@ class WindowAttention(nn.Module):
         else:
             fold = (shape[0] // num_windows, -1, n, shape[-1])
             mask = bias.expand(num_windows, *shape[1:-1], n).reshape(1, -1, n, n).to(q.dtype)
-        q, k, v = q.reshape(fold), k.reshape(fold), v.reshape(fold)
-        if mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled():
-            out = _BiasedAttention.apply(q, k, v, mask, self.scale)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        return out.view(shape)
+        out = attention(q.reshape(fold), k.reshape(fold), v.reshape(fold), mask, self.scale)
+        return out.reshape(shape)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Attention inside each window.

@@ -89,7 +89,7 @@ class ModelPlain(ModelBase):
         for i, data in enumerate(batches):
             lq = data["L"].to(self.device, non_blocking=True)
             gt = data["H"].to(self.device, non_blocking=True)
-            with self._no_sync(i < len(batches) - 1):
+            with self._no_sync(last=i == len(batches) - 1):
                 with self.autocast():
                     out = self.net_g_train(lq)
                     loss = self.lossfn_weight * self.lossfn(out.float(), gt.float())

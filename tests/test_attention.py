@@ -1,0 +1,291 @@
+"""Window attention on the CUDA path, checked on the CPU: head-dim padding (the fused kernels' alignment), chunking
+of the folded window x head axis (the CUDA grid limit) and the byte-bounded shift-mask cache.
+
+The padded and chunked paths are forced on the CPU (``PAD_HEAD_DIM_ON_CPU``, a small ``MAX_FOLDED``) and compared
+with the plain path; the calls that reach SDPA are recorded to show that the forced path really ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import Tensor
+
+from models import layers_attention
+from models.layers_attention import (
+    TMSAG,
+    WindowAttention,
+    attention,
+    compute_mask,
+    record_attention_calls,
+    window_partition,
+)
+from models.model_zoo import TASKS
+from models.network_rvrt import RVRT
+from models.network_vrt import VRT
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+
+@pytest.fixture()
+def sdpa_calls() -> Iterator[list[dict]]:
+    """Every call that reaches SDPA (or the CPU bias-gradient attention): shapes, kernel, eligibility."""
+    with record_attention_calls() as calls:
+        yield calls
+
+
+def _grads(fn: Callable[..., Tensor], inputs: list[Tensor]) -> list[Tensor]:
+    """fn's output and the gradients of a fixed random projection of it w.r.t. every input."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=out.dtype))
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _assert_close_all(a: list[Tensor], b: list[Tensor], rel: float, names: list[str]) -> None:
+    """Each pair agrees within ``rel`` of the larger tensor's largest magnitude (fp32 rounding)."""
+    for name, x, y in zip(names, a, b):
+        assert x.shape == y.shape, name
+        err = (x - y).abs().max().item()
+        bound = rel * max(y.abs().max().item(), 1e-30)
+        assert err <= bound, f'{name}: max error {err:.2e} > {bound:.2e}'
+
+
+def _qkv_mask(heads: int, n: int, hd: int, batch: int = 1, seed: int = 0) -> list[Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, n, hd, generator=gen) for _ in range(3))
+    mask = 0.5 * torch.randn(1, heads, n, n, generator=gen)
+    mask[..., : n // 3, n // 2:] = -100.0  # shift-mask entries on top of a relative-position bias
+    return [q, k, v, mask]
+
+
+# ----------------------------------------------------------------------------------------- head-dim padding
+@pytest.mark.parametrize('hd', [20, 30])
+@pytest.mark.parametrize('trainable_mask', [True, False])
+def test_padded_head_dim_equals_unpadded(hd: int, trainable_mask: bool, monkeypatch: pytest.MonkeyPatch,
+                                         sdpa_calls: list[dict]) -> None:
+    """Zero columns change nothing: output and the q, k, v and mask gradients agree to fp32 rounding."""
+    inputs = _qkv_mask(heads=6, n=32, hd=hd)
+    scale = hd**-0.5
+    names = ['output', 'grad q', 'grad k', 'grad v', 'grad mask']
+    if trainable_mask:
+        fn = lambda q, k, v, m: attention(q, k, v, m, scale)  # noqa: E731
+    else:  # a fixed shift mask (mutual attention): SDPA's own backward
+        fixed = inputs.pop()
+        fn = lambda q, k, v: attention(q, k, v, fixed, scale)  # noqa: E731
+        names.pop()
+    plain = _grads(fn, inputs)
+    assert [c['q'][-1] for c in sdpa_calls] == [hd]
+    monkeypatch.setattr(layers_attention, 'PAD_HEAD_DIM_ON_CPU', True)
+    padded = _grads(fn, inputs)
+    assert sdpa_calls[-1]['q'][-1] == -(-hd // 8) * 8 and sdpa_calls[-1]['scale'] == scale
+    _assert_close_all(padded, plain, 2e-6, names)
+
+
+@pytest.mark.parametrize(('dim', 'heads'), [(120, 6), (180, 6)])
+def test_window_attention_padded_equals_unpadded(dim: int, heads: int, monkeypatch: pytest.MonkeyPatch,
+                                                 sdpa_calls: list[dict]) -> None:
+    """VRT's blocks (head dims 20 and 30) with shifted windows and mutual attention: output and the gradients of
+    the input, the relative-position bias table and the q/k/v projections agree to fp32 rounding."""
+    torch.manual_seed(0)
+    attn = WindowAttention(dim, (2, 4, 4), heads, qkv_bias=True, mut_attn=True)
+    mask = compute_mask(4, 8, 8, (2, 4, 4), (1, 2, 2), torch.device('cpu'))  # 8 windows of 32 tokens
+    x = torch.randn(8, 32, dim, generator=torch.Generator().manual_seed(1))
+    names = ['output', 'grad x', 'relative_position_bias_table', 'qkv_self.weight', 'qkv_mut.weight']
+
+    def run() -> list[Tensor]:
+        attn.zero_grad(set_to_none=True)
+        out, grad_x = _grads(lambda t: attn(t, mask), [x])
+        return [out, grad_x, attn.relative_position_bias_table.grad.clone(), attn.qkv_self.weight.grad.clone(),
+                attn.qkv_mut.weight.grad.clone()]
+
+    plain = run()
+    monkeypatch.setattr(layers_attention, 'PAD_HEAD_DIM_ON_CPU', True)
+    sdpa_calls.clear()
+    padded = run()
+    assert {c['q'][-1] for c in sdpa_calls} == {-(-dim // heads // 8) * 8}
+    _assert_close_all(padded, plain, 2e-6, names)
+
+
+# -------------------------------------------------------------------------------------------------- chunking
+@pytest.mark.parametrize(('batch', 'heads', 'limit'), [(1, 23, 5), (11, 3, 4), (7, 9, 3)])
+def test_chunked_attention_equals_unchunked(batch: int, heads: int, limit: int, monkeypatch: pytest.MonkeyPatch,
+                                            sdpa_calls: list[dict]) -> None:
+    inputs = _qkv_mask(heads=heads, n=16, hd=8, batch=batch)
+    fn = lambda q, k, v, m: attention(q, k, v, m, 0.3)  # noqa: E731
+    whole = _grads(fn, inputs)
+    assert len(sdpa_calls) == 1
+    monkeypatch.setattr(layers_attention, 'MAX_FOLDED', limit)
+    sdpa_calls.clear()
+    chunked = _grads(fn, inputs)
+    assert len(sdpa_calls) > 1
+    assert all(c['q'][0] <= limit and c['q'][1] <= limit and c['mask'][1] == c['q'][1] for c in sdpa_calls)
+    assert sum(c['q'][0] * c['q'][1] for c in sdpa_calls) == batch * heads
+    _assert_close_all(chunked, whole, 1e-6, ['output', 'grad q', 'grad k', 'grad v', 'grad mask'])
+
+
+def test_spans_are_balanced_and_cover() -> None:
+    spans = layers_attention._spans(73728, 65535)
+    assert [s.stop - s.start for s in spans] == [36864, 36864]
+    assert layers_attention._spans(5, 5) == [slice(0, 5)]
+    spans = layers_attention._spans(23, 5)
+    assert spans[0].start == 0 and spans[-1].stop == 23 and all(a.stop == b.start for a, b in zip(spans, spans[1:]))
+    assert max(s.stop - s.start for s in spans) <= 5
+
+
+def test_shifted_mutual_group_chunked_and_padded_equals_plain(monkeypatch: pytest.MonkeyPatch,
+                                                              sdpa_calls: list[dict]) -> None:
+    """A TMSA group with shifted windows and mutual attention whose folded axis (windows x 2 frames x heads) is
+    above a forced-small limit, with the head dim padded too: output and parameter gradients as the plain path."""
+    torch.manual_seed(0)
+    group = TMSAG(dim=20, depth=2, num_heads=2, window_size=(2, 4, 4), mut_attn=True, qkv_bias=True)  # hd 10
+    x = torch.randn(1, 4, 12, 12, 20, generator=torch.Generator().manual_seed(2))
+
+    def run() -> list[Tensor]:
+        group.zero_grad(set_to_none=True)
+        out, grad_x = _grads(group, [x])
+        return [out, grad_x] + [p.grad.clone() for p in group.parameters()]
+
+    names = ['output', 'grad x'] + [n for n, _ in group.named_parameters()]
+    plain = run()
+    folded = max(c['q'][1] for c in sdpa_calls)
+    assert folded == 18 * 2 * 2  # 18 windows x 2 frames x 2 heads in the shifted mutual attention
+    monkeypatch.setattr(layers_attention, 'MAX_FOLDED', 16)
+    monkeypatch.setattr(layers_attention, 'PAD_HEAD_DIM_ON_CPU', True)
+    sdpa_calls.clear()
+    forced = run()
+    assert all(c['q'][0] <= 16 and c['q'][1] <= 16 and c['q'][-1] == 16 for c in sdpa_calls)
+    _assert_close_all(forced, plain, 2e-6, names)
+
+
+# ------------------------------------------------------------------------------------------- shift-mask cache
+def _reference_mask(d: int, h: int, w: int, window: tuple, shift: tuple) -> Tensor:
+    """The shift mask as first written (region ids, pairwise differences, -100 where they differ)."""
+    img = torch.zeros(1, d, h, w, 1)
+    cnt = 0
+    for sd in (slice(-window[0]), slice(-window[0], -shift[0]), slice(-shift[0], None)):
+        for sh in (slice(-window[1]), slice(-window[1], -shift[1]), slice(-shift[1], None)):
+            for sw in (slice(-window[2]), slice(-window[2], -shift[2]), slice(-shift[2], None)):
+                img[:, sd, sh, sw, :] = cnt
+                cnt += 1
+    ids = window_partition(img, window).squeeze(-1)
+    diff = ids.unsqueeze(1) - ids.unsqueeze(2)
+    return diff.masked_fill(diff != 0, -100.0).masked_fill(diff == 0, 0.0)
+
+
+@pytest.fixture()
+def fresh_cache(monkeypatch: pytest.MonkeyPatch):
+    layers_attention.MASK_CACHE.clear()
+    yield layers_attention.MASK_CACHE
+    layers_attention.MASK_CACHE.clear()
+
+
+SIZES = [((4, 8, 8), (2, 4, 4), (1, 2, 2)), ((6, 16, 8), (6, 8, 8), (3, 4, 4)), ((2, 16, 16), (2, 8, 8), (1, 4, 4)),
+         ((4, 12, 20), (2, 4, 4), (1, 2, 2))]
+
+
+@pytest.mark.parametrize(('size', 'window', 'shift'), SIZES)
+def test_mask_values_unchanged(size: tuple, window: tuple, shift: tuple, fresh_cache) -> None:
+    cpu = torch.device('cpu')
+    expected = _reference_mask(*size, window, shift)
+    first = compute_mask(*size, window, shift, cpu)
+    assert torch.equal(first, expected) and first.dtype == torch.float32
+    assert compute_mask(*size, window, shift, cpu) is first  # cached
+
+
+def test_mask_cache_bounded_per_device_lru(monkeypatch: pytest.MonkeyPatch, fresh_cache) -> None:
+    cpu, meta = torch.device('cpu'), torch.device('meta')
+    nbytes = [_reference_mask(*s, w, sh).numel() * 4 for s, w, sh in SIZES]
+    budget = nbytes[0] + nbytes[1] + nbytes[2] // 2  # room for the first two, not for a third
+    monkeypatch.setattr(layers_attention, 'MASK_CACHE_BYTES', budget)
+    a = compute_mask(*SIZES[0][0], *SIZES[0][1:], cpu)
+    compute_mask(*SIZES[1][0], *SIZES[1][1:], cpu)
+    compute_mask(*SIZES[0][0], *SIZES[0][1:], cpu)  # touch: size 1 becomes the least recently used
+    on_meta = compute_mask(*SIZES[1][0], *SIZES[1][1:], meta)  # another device: its own budget
+    assert on_meta.device == meta and fresh_cache.nbytes(meta) == nbytes[1]
+    assert fresh_cache.nbytes(cpu) == nbytes[0] + nbytes[1]
+    c = compute_mask(*SIZES[2][0], *SIZES[2][1:], cpu)  # evicts size 1, keeps size 0
+    assert torch.equal(c, _reference_mask(*SIZES[2][0], *SIZES[2][1:]))
+    cpu_keys = [k[:3] for k in fresh_cache.keys() if k[-1] == cpu]
+    assert cpu_keys == [SIZES[0][0], SIZES[2][0]]
+    assert fresh_cache.nbytes(cpu) <= budget
+    assert compute_mask(*SIZES[0][0], *SIZES[0][1:], cpu) is a
+    assert fresh_cache.nbytes(meta) == nbytes[1]  # untouched by the CPU's evictions
+
+
+def test_mask_above_budget_is_built_but_not_kept(monkeypatch: pytest.MonkeyPatch, fresh_cache) -> None:
+    monkeypatch.setattr(layers_attention, 'MASK_CACHE_BYTES', 1000)
+    size, window, shift = SIZES[1]
+    mask = compute_mask(*size, window, shift, torch.device('cpu'))
+    assert torch.equal(mask, _reference_mask(*size, window, shift))
+    assert fresh_cache.keys() == [] and fresh_cache.nbytes(torch.device('cpu')) == 0
+
+
+def test_mask_made_during_inference_serves_training(fresh_cache) -> None:
+    """Validation (inference mode) builds the mask first; the next training step uses the cached one."""
+    torch.manual_seed(0)
+    group = TMSAG(dim=8, depth=2, num_heads=2, window_size=(2, 4, 4), mut_attn=True, qkv_bias=True)
+    x = torch.randn(1, 4, 8, 8, 8)
+    with torch.inference_mode():
+        expected = group(x)
+    assert len(fresh_cache.keys()) == 1
+    cached = compute_mask(*fresh_cache.keys()[0])
+    assert not cached.is_inference()  # an inference tensor could not be saved for backward by a later step
+    out = group(x)
+    out.square().mean().backward()
+    assert torch.equal(out.detach(), expected)
+    assert group.blocks[1].attn.relative_position_bias_table.grad is not None
+
+
+# ------------------------------------------------------------------------- the CUDA path on the meta device
+# The meta device takes the non-CPU branches (padding, SDPA with a trainable mask, native sampling backward) at the
+# released models' full sizes without computing anything; the recorded calls show what the CUDA kernels would get.
+# tests/test_deterministic_ops.py runs tiny networks there in deterministic mode; these run the released settings
+# with the default (non-deterministic) kernels.
+def _released(task: str) -> torch.nn.Module:
+    spec = TASKS[task]
+    with torch.device('meta'):
+        return (VRT if spec.net_type == 'vrt' else RVRT)(**spec.net_kwargs())
+
+
+def _assert_fused_eligible(calls: list[dict]) -> None:
+    assert calls
+    for call in calls:
+        assert call['blockers'] == [] and call['q'][-1] % 8 == 0 and call['path'] == 'sdpa', call
+
+
+def test_meta_vrt_001_train_step_takes_fused_kernels() -> None:
+    """VRT 001 at its training clip (6 x 64 x 64): head dims 20 and 30 reach SDPA as 24 and 32, the trainable
+    relative-position bias goes to SDPA itself (not the CPU recompute), and every parameter gets a gradient."""
+    net = _released('001_VRT_videosr_bi_REDS_6frames').train()
+    with record_attention_calls() as calls:
+        out = net(torch.rand(1, 6, 3, 64, 64, device='meta'))
+        out.square().mean().backward()
+    _assert_fused_eligible(calls)
+    assert {c['q'][-1] for c in calls} == {24, 32}
+    assert any(c['mask_grad'] for c in calls) and any(c['mask'] is None for c in calls)
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_meta_vrt_deblur_validation_tile_is_chunked() -> None:
+    """The 12 x 256 x 256 validation tile of the deblurring recipes: 6,144 windows x 2 frames x 6 heads = 73,728 in
+    the shifted mutual attention, above the CUDA grid limit, arrive as two calls of 36,864."""
+    net = _released('005_VRT_videodeblurring_DVD').eval()
+    with record_attention_calls() as calls, torch.no_grad():
+        out = net(torch.rand(1, 12, 3, 256, 256, device='meta'))
+    assert out.shape == (1, 12, 3, 256, 256)
+    _assert_fused_eligible(calls)
+    assert max(max(c['q'][:2]) for c in calls) == 36864
+    assert sum(c['q'][1] == 36864 and c['mask'] is not None for c in calls) >= 2
+
+
+def test_meta_rvrt_001_train_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RVRT, 'is_mirror_extended', staticmethod(lambda lqs: False))  # torch.equal: no meta kernel
+    net = _released('001_RVRT_videosr_bi_REDS_30frames').train()
+    with record_attention_calls() as calls:
+        out = net(torch.rand(1, 4, 3, 64, 64, device='meta'))
+        out.square().mean().backward()
+    _assert_fused_eligible(calls)
+    assert all(p.grad is not None for p in net.parameters())

@@ -1,0 +1,36 @@
+"""The GPU suite's code on tiny shapes on the CPU (``--device cpu --quick``), so that it runs when a GPU is lent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import ROOT, base_env
+
+
+def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:
+    out = tmp_path / 'suite'
+    proc = subprocess.run([sys.executable, 'benchmarks/gpu_suite.py', '--device', 'cpu', '--quick', '--out', str(out)],
+                          cwd=ROOT, env=base_env(threads=1), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((out / 'suite.json').read_text())
+    sections = ('environment', 'goldens', 'parity', 'train', 'ddp', 'deterministic', 'tiled', 'compile')
+    assert {k: results[k]['status'] for k in sections} == dict.fromkeys(sections, 'ok')
+    assert results['failed'] == [] and results['problems'] == [] and results['quick'] is True
+    assert results['environment']['policy']['tf32'] is False
+    assert all(row['ok'] for row in results['goldens']['rows'])
+    assert all(row['grads_finite'] and row['output_rel_err'] < 0.05 for row in results['parity']['rows'])
+    rows = results['train']['rows']
+    assert {(r['preset'], r['precision']) for r in rows} == {('vrt_001', 'fp32'), ('vrt_001', 'bf16'),
+                                                             ('rvrt_001', 'fp32')}
+    assert all(r['train_step_s'] > 0 and r['plan_gb'] > 0 for r in rows)
+    sdpa = results['train']['sdpa']
+    assert sdpa['vrt_001/fp32']['head_dims'] == [20, 30] and sdpa['vrt_001/fp32']['calls'] > 0
+    assert sdpa['vrt_001/fp32']['trainable_bias']  # the relative-position bias is trained through attention
+    assert all(r['bit_identical'] for r in results['deterministic']['rows'])
+    assert results['ddp']['backend'] == 'gloo' and results['ddp']['ddp_step_s'] > 0
+    assert all(r['finite'] and r['frames_per_s'] > 0 for r in results['tiled']['rows'])
+    assert 'skipped' in results['compile']
+    table = (out / 'suite.md').read_text()
+    assert '### train' in table and '| vrt_001 | 2x3x40x40 | fp32 | ours |' in table
