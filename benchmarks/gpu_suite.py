@@ -53,7 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.bench_vrt import Runner, _load_reference, measure  # noqa: E402
 from engine.options import parse_options  # noqa: E402
-from models.layers_attention import record_attention_calls  # noqa: E402
+from models.layers_sdpa import record_attention_calls  # noqa: E402
 from models.memory_plan import estimate_peak_memory, train_clip  # noqa: E402
 from models.network_rvrt import RVRT  # noqa: E402
 from models.network_vrt import VRT  # noqa: E402

@@ -3,27 +3,26 @@
 * features are channels-last ``(B, D, H, W, C)``;
 * attention runs through ``F.scaled_dot_product_attention`` with the relative-position bias and the shift mask
   folded into one additive mask; shift masks are cached per size (an LRU bounded in bytes per device);
-* off the CPU, q, k and v are zero-padded along the head dim to a multiple of :data:`HEAD_DIM_MULTIPLE` (exact),
-  so that the fused CUDA kernels take VRT's head dims 20 and 30, bias gradient included;
-* the folded (window x head) axis is cut into chunks of at most :data:`MAX_FOLDED` (the CUDA grid limit);
+* the kernel call itself (head-dim padding, chunking below CUDA's grid limit, the trainable-bias backward of the
+  CPU) is :func:`models.layers_sdpa.attention`;
 * activation checkpointing is non-reentrant.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, trunc_normal_
 from torch import Tensor, nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
+
+from models.layers_sdpa import attention
 
 Size3 = tuple[int, int, int]
 
@@ -187,197 +186,6 @@ class MlpGEGLU(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., C_in) -> (..., C_out)."""
         return self.fc2(self.act(self.fc11(x)) * self.fc12(x))
-
-
-class _BiasedAttention(torch.autograd.Function):
-    """Attention with a trainable additive bias that stores no (N x N) matrix for backward.
-
-    Forward is ``F.scaled_dot_product_attention`` (the fused kernel); backward recomputes the probabilities per
-    sample and chunk of the head axis (FlashAttention's recipe, with the row term ``rowsum(dO * O)``) and returns
-    the gradients of q, k, v and the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
-    """
-
-    _CHUNK_ELEMENTS = 1 << 21  # about 8 MB of fp32 scores per chunk
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-        # detached, so the kernel choice does not see requires_grad (which would force the math fallback)
-        out = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), attn_mask=bias.detach(), scale=scale)
-        ctx.save_for_backward(q, k, v, bias, out)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        q, k, v, bias, out = ctx.saved_tensors
-        scale = ctx.scale
-        b, heads, n, _ = q.shape
-        grad_out = grad_out.contiguous()
-        row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, N, 1) = rowsum(dP * P)
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        grad_bias = torch.zeros_like(bias)
-        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))
-        for i in range(b):
-            for h0 in range(0, heads, step):
-                hs = slice(h0, min(h0 + step, heads))
-                qh, kh, vh, go = q[i, hs], k[i, hs], v[i, hs], grad_out[i, hs]
-                probs = torch.baddbmm(bias[0, hs], qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
-                torch.bmm(probs.transpose(-2, -1), go, out=grad_v[i, hs])
-                grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[i, hs]).mul_(probs)  # dL/dscores
-                grad_bias[0, hs] += grad_s
-                torch.bmm(grad_s, kh, out=grad_q[i, hs]).mul_(scale)
-                torch.bmm(grad_s.transpose(-2, -1), qh, out=grad_k[i, hs]).mul_(scale)
-        return grad_q, grad_k, grad_v, grad_bias, None
-
-
-# The memory-efficient CUDA kernel (the one that takes a trainable additive mask) needs the head dim to be a multiple
-# of 8 in fp16/bf16 and of 4 in fp32; VRT's head dims are 20 (120 / 6) and 30 (180 / 6), so without padding every
-# attention call falls back to the math kernel, which stores the (N x N) probabilities. Zero columns in q and k add
-# nothing to q . k, and zero columns in v give zero output columns that are cut off: exact.
-HEAD_DIM_MULTIPLE = 8
-# The CPU kernels take any head dim. Measured there (Xeon, 1 thread, 384 folded heads x 384 tokens, forward +
-# backward): padding 20 -> 24 takes 1.02-1.18x the time, 30 -> 32 0.82-0.88x in fp32 (1.03-1.09x in bf16),
-# i.e. noise-level either way; the CPU keeps the true head dim (and its bits). Tests set this to run the padded
-# path on the CPU.
-PAD_HEAD_DIM_ON_CPU = False
-# The fused CUDA kernels put the batch and the head axis in grid.y/grid.z, limited to 65,535 (pytorch#142228:
-# "invalid configuration argument" or a wrong result beyond it). With the windows folded into the head axis, a
-# 12 x 256 x 256 validation tile reaches 6,144 windows x 2 frames x 6 heads = 73,728 in the shifted mutual
-# attention; the calls are cut into chunks of at most this many along both axes (exact: rows are independent).
-MAX_FOLDED = 65535
-
-
-def _pads_head_dim(t: Tensor) -> bool:
-    return t.device.type != 'cpu' or PAD_HEAD_DIM_ON_CPU
-
-
-def efficient_kernel_blockers(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> list[str]:
-    """Why CUDA's memory-efficient SDPA kernel (sm80+) would refuse these inputs, as far as our calls can differ:
-    dtype, head-dim alignment, the grid limit, the last-dim stride and the mask dtype. Empty when eligible.
-
-    A device-independent stand-in for ``torch.backends.cuda.can_use_efficient_attention`` (which needs CUDA
-    tensors), so that CPU and meta-device runs can check the shapes the CUDA path produces.
-    """
-    reasons = []
-    if q.dim() != 4 or {t.dim() for t in (k, v)} != {4}:
-        reasons.append('inputs are not 4-D')
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not q.dtype == k.dtype == v.dtype:
-        reasons.append(f'dtypes {q.dtype}/{k.dtype}/{v.dtype}')
-    align = 4 if q.dtype == torch.float32 else 8
-    if q.shape[-1] != k.shape[-1] or q.shape[-1] % align or v.shape[-1] % align:
-        reasons.append(f'head dims {q.shape[-1]}/{v.shape[-1]} not multiples of {align}')
-    if q.dim() == 4 and max(q.shape[0], q.shape[1]) > 65535:
-        reasons.append(f'batch x heads {q.shape[0]} x {q.shape[1]} above the grid limit 65,535')
-    if any(t.stride(-1) != 1 for t in (q, k, v)):
-        reasons.append('last dim not contiguous')
-    if mask is not None and mask.dtype not in (torch.bool, q.dtype):
-        reasons.append(f'mask dtype {mask.dtype}')
-    return reasons
-
-
-_OBSERVERS: list[list[dict[str, Any]]] = []
-_SDPA_KERNELS = {
-    'aten._scaled_dot_product_efficient_attention': 'efficient',
-    'aten._scaled_dot_product_flash_attention': 'flash',
-    'aten._scaled_dot_product_flash_attention_for_cpu': 'flash_cpu',
-    'aten._scaled_dot_product_cudnn_attention': 'cudnn',
-    'aten._scaled_dot_product_fused_attention_overrideable': 'overrideable',
-}
-
-
-class _KernelProbe(TorchDispatchMode):
-    """Names the fused SDPA kernel dispatched inside it ('math' when only the decomposed ops ran)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernel = 'math'
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = _SDPA_KERNELS.get(str(func.overloadpacket))
-        if name is not None:
-            self.kernel = name
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def record_attention_calls() -> Iterator[list[dict[str, Any]]]:
-    """Record every attention call made inside the block (a diagnostic for tests and benchmarks).
-
-    Yields:
-        A list that receives one dict per call: ``q``/``v``/``mask`` shapes, ``dtype``, ``device``,
-        ``mask_grad`` (a trainable mask), ``path`` ('sdpa', or 'biased' for :class:`_BiasedAttention`),
-        ``kernel`` (the forward kernel SDPA dispatched: 'efficient', 'flash', 'cudnn', 'flash_cpu' or 'math'),
-        and ``blockers`` (:func:`efficient_kernel_blockers`).
-    """
-    calls: list[dict[str, Any]] = []
-    _OBSERVERS.append(calls)
-    try:
-        yield calls
-    finally:
-        _OBSERVERS.remove(calls)
-
-
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """One attention call: (B, H, N, d) each, mask (1, H, N, N) or None -> (B, H, N, d).
-
-    On the CPU a trainable mask goes through :class:`_BiasedAttention` (the CPU flash kernel cannot give the mask
-    gradient, and its math fallback stores the (B, H, N, N) probabilities); elsewhere SDPA picks its kernel.
-    """
-    biased = mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled()
-    probe = _KernelProbe() if _OBSERVERS else contextlib.nullcontext()
-    with probe:
-        if biased:
-            out = _BiasedAttention.apply(q, k, v, mask, scale)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    if _OBSERVERS:
-        info = {'q': tuple(q.shape), 'v': tuple(v.shape), 'mask': None if mask is None else tuple(mask.shape),
-                'dtype': str(q.dtype).replace('torch.', ''), 'device': q.device.type,
-                'mask_grad': bool(mask is not None and mask.requires_grad), 'scale': scale,
-                'path': 'biased' if biased else 'sdpa', 'kernel': probe.kernel,
-                'blockers': efficient_kernel_blockers(q, k, v, mask)}
-        for calls in _OBSERVERS:
-            calls.append(info)
-    return out
-
-
-def _spans(n: int, limit: int) -> list[slice]:
-    """``n`` split into the fewest near-equal spans of at most ``limit``."""
-    parts = -(-n // limit)
-    size = -(-n // parts)
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """Scaled dot-product attention with the CUDA kernels' constraints taken care of.
-
-    * off the CPU (or with :data:`PAD_HEAD_DIM_ON_CPU`), q, k, v are zero-padded along the head dim to a multiple
-      of :data:`HEAD_DIM_MULTIPLE` and the output is cut back; ``scale`` stays the caller's (true head dim's);
-    * batch and head axes above :data:`MAX_FOLDED` are cut into chunks (the mask sliced along with the heads).
-
-    Args:
-        q, k, v: (B, H, N, d).
-        mask: (1, H, N, N) additive (trainable or not), or None.
-        scale: the softmax scale, e.g. ``d ** -0.5`` of the unpadded d.
-
-    Returns:
-        (B, H, N, d).
-    """
-    hd = q.shape[-1]
-    pad = (-hd) % HEAD_DIM_MULTIPLE if _pads_head_dim(q) else 0
-    if pad:
-        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
-    b, heads = q.shape[:2]
-    if b <= MAX_FOLDED and heads <= MAX_FOLDED:
-        out = _sdpa(q, k, v, mask, scale)
-    else:
-        rows = []
-        for bs in _spans(b, MAX_FOLDED):
-            cols = [_sdpa(q[bs, hs], k[bs, hs], v[bs, hs], None if mask is None else mask[:, hs], scale)
-                    for hs in _spans(heads, MAX_FOLDED)]
-            rows.append(torch.cat(cols, 1) if len(cols) > 1 else cols[0])
-        out = torch.cat(rows, 0) if len(rows) > 1 else rows[0]
-    return out[..., :hd] if pad else out
 
 
 class WindowAttention(nn.Module):

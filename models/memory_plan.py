@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import checkpoint as torch_checkpoint
 
-from models import layers_attention, layers_warp
+from models import layers_attention, layers_sdpa, layers_warp
 from models.select_network import define_network, network_kwargs
 
 logger = logging.getLogger(__name__)
@@ -240,10 +240,10 @@ def _pass_hooks(tracker: _Tracker, emulation: _Emulation | None) -> contextlib.E
         finally:
             emulation.enabled = enabled
 
-    sdpa = layers_attention._sdpa
+    sdpa = layers_sdpa._sdpa
 
     def efficient_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-        if q.device.type != "meta" or layers_attention.efficient_kernel_blockers(q, k, v, mask):
+        if q.device.type != "meta" or layers_sdpa.efficient_kernel_blockers(q, k, v, mask):
             return sdpa(q, k, v, mask, scale)
         region = tracker.regions[-1]
         before = dict(region)

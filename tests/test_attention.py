@@ -13,15 +13,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from models import layers_attention
-from models.layers_attention import (
-    TMSAG,
-    WindowAttention,
-    attention,
-    compute_mask,
-    record_attention_calls,
-    window_partition,
-)
+from models import layers_attention, layers_sdpa
+from models.layers_attention import TMSAG, WindowAttention, compute_mask, window_partition
+from models.layers_sdpa import attention, record_attention_calls
 from models.model_zoo import TASKS
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
@@ -78,7 +72,7 @@ def test_padded_head_dim_equals_unpadded(hd: int, trainable_mask: bool, monkeypa
         names.pop()
     plain = _grads(fn, inputs)
     assert [c['q'][-1] for c in sdpa_calls] == [hd]
-    monkeypatch.setattr(layers_attention, 'PAD_HEAD_DIM_ON_CPU', True)
+    monkeypatch.setattr(layers_sdpa, 'PAD_HEAD_DIM_ON_CPU', True)
     padded = _grads(fn, inputs)
     assert sdpa_calls[-1]['q'][-1] == -(-hd // 8) * 8 and sdpa_calls[-1]['scale'] == scale
     _assert_close_all(padded, plain, 2e-6, names)
@@ -102,7 +96,7 @@ def test_window_attention_padded_equals_unpadded(dim: int, heads: int, monkeypat
                 attn.qkv_mut.weight.grad.clone()]
 
     plain = run()
-    monkeypatch.setattr(layers_attention, 'PAD_HEAD_DIM_ON_CPU', True)
+    monkeypatch.setattr(layers_sdpa, 'PAD_HEAD_DIM_ON_CPU', True)
     sdpa_calls.clear()
     padded = run()
     assert {c['q'][-1] for c in sdpa_calls} == {-(-dim // heads // 8) * 8}
@@ -117,7 +111,7 @@ def test_chunked_attention_equals_unchunked(batch: int, heads: int, limit: int, 
     fn = lambda q, k, v, m: attention(q, k, v, m, 0.3)  # noqa: E731
     whole = _grads(fn, inputs)
     assert len(sdpa_calls) == 1
-    monkeypatch.setattr(layers_attention, 'MAX_FOLDED', limit)
+    monkeypatch.setattr(layers_sdpa, 'MAX_FOLDED', limit)
     sdpa_calls.clear()
     chunked = _grads(fn, inputs)
     assert len(sdpa_calls) > 1
@@ -127,10 +121,10 @@ def test_chunked_attention_equals_unchunked(batch: int, heads: int, limit: int, 
 
 
 def test_spans_are_balanced_and_cover() -> None:
-    spans = layers_attention._spans(73728, 65535)
+    spans = layers_sdpa._spans(73728, 65535)
     assert [s.stop - s.start for s in spans] == [36864, 36864]
-    assert layers_attention._spans(5, 5) == [slice(0, 5)]
-    spans = layers_attention._spans(23, 5)
+    assert layers_sdpa._spans(5, 5) == [slice(0, 5)]
+    spans = layers_sdpa._spans(23, 5)
     assert spans[0].start == 0 and spans[-1].stop == 23 and all(a.stop == b.start for a, b in zip(spans, spans[1:]))
     assert max(s.stop - s.start for s in spans) <= 5
 
@@ -152,8 +146,8 @@ def test_shifted_mutual_group_chunked_and_padded_equals_plain(monkeypatch: pytes
     plain = run()
     folded = max(c['q'][1] for c in sdpa_calls)
     assert folded == 18 * 2 * 2  # 18 windows x 2 frames x 2 heads in the shifted mutual attention
-    monkeypatch.setattr(layers_attention, 'MAX_FOLDED', 16)
-    monkeypatch.setattr(layers_attention, 'PAD_HEAD_DIM_ON_CPU', True)
+    monkeypatch.setattr(layers_sdpa, 'MAX_FOLDED', 16)
+    monkeypatch.setattr(layers_sdpa, 'PAD_HEAD_DIM_ON_CPU', True)
     sdpa_calls.clear()
     forced = run()
     assert all(c['q'][0] <= 16 and c['q'][1] <= 16 and c['q'][-1] == 16 for c in sdpa_calls)

@@ -24,9 +24,9 @@ import torchvision
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import layers_attention
-from models.layers_attention import attention, record_attention_calls
 from models.layers_deform_attn import deform_attn
 from models.layers_deform_conv import deform_conv3x3_sampled
+from models.layers_sdpa import attention, record_attention_calls
 from models.model_vrt import ModelVRT
 from models.model_zoo import TASKS
 from models.network_rvrt import RVRT

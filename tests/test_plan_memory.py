@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.options import parse_options
-from models import layers_attention
+from models import layers_attention, layers_sdpa
 from models.memory_plan import (
     CHECKPOINT_SETTINGS,
     _recipe_network,
@@ -75,7 +75,7 @@ def test_estimate_leaves_the_process_untouched(recipes: dict[str, dict]) -> None
     assert torch.equal(torch.get_rng_state(), state)
     assert layers_attention.MASK_CACHE.keys() == []  # the pass's meta masks went to a cache of its own
     assert layers_attention.checkpoint is torch.utils.checkpoint.checkpoint  # the pass's patches are undone
-    assert layers_attention._sdpa.__name__ == '_sdpa'
+    assert layers_sdpa._sdpa.__name__ == '_sdpa'
 
 
 def test_what_fits_keeps_the_global_batch(recipes: dict[str, dict]) -> None:
@@ -164,6 +164,6 @@ def test_meta_pass_counts_what_a_real_pass_saves(recipes: dict[str, dict], monke
     recomputing attention)."""
     opt = recipes['vrt_demo']
     meta = estimate_peak_memory(opt, 'cuda', 'none', micro_batch=1)
-    monkeypatch.setattr(layers_attention, 'PAD_HEAD_DIM_ON_CPU', True)
+    monkeypatch.setattr(layers_sdpa, 'PAD_HEAD_DIM_ON_CPU', True)
     cpu = estimate_peak_memory(opt, 'cpu', 'none', micro_batch=1)
     assert abs(meta.activations / cpu.activations - 1) < 0.01
