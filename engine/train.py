@@ -7,6 +7,7 @@ import os
 import random
 import resource
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,12 +18,13 @@ import torch.nn.functional as F
 
 from data.select_dataset import define_Dataset
 from engine.validate import validate
+from models import memory_plan
 from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL
 from models.select_model import define_Model
 from models.select_network import is_frame_interpolation
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist, utils_numerics
-from utils.utils_dataloader import build_train_loader, next_batch
+from utils.utils_dataloader import auto_accum_steps, build_train_loader, next_batch
 from utils.utils_dist import DistInfo
 from utils.utils_download import ensure_file
 from utils.utils_launch import STOP_ENV
@@ -149,18 +151,83 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
 
 
 def _resume_step(opt: dict[str, Any]) -> int:
-    step = utils_dist.broadcast_object(ckpt.latest_complete_step(opt["path"]["models"]))
+    models = opt["path"]["models"]
+    step = utils_dist.broadcast_object(ckpt.latest_complete_step(models))
     total = opt["train"]["total_iter"]
     if step > total:
-        raise ResumeError(f"{opt['path']['models']} holds a complete checkpoint at step {step} but "
+        raise ResumeError(f"{models} holds a complete checkpoint at step {step} but "
                           f"train.total_iter={total}; set train.total_iter above {step} to continue, or use a new "
                           "'task' name to start another experiment")
+    if step:
+        check_checkpoint_visible(models, step)
     return step
+
+
+def check_checkpoint_visible(models_dir: str, step: int) -> None:
+    """Every rank reads the checkpoint that rank 0 found (rank 0 alone writes them).
+
+    Raises:
+        ResumeError: on every rank, naming the ranks and hosts that cannot see it (``path.root`` on a disk of rank
+            0's node rather than on storage every node shares).
+    """
+    path = os.path.join(models_dir, f"{step}_state.pth")
+    seen = utils_dist.all_gather_object((os.path.isfile(path), socket.gethostname()))
+    blind = [f"rank {rank} ({host})" for rank, (visible, host) in enumerate(seen) if not visible]
+    if blind:
+        more = f" and {len(blind) - 4} more" if len(blind) > 4 else ""
+        raise ResumeError(f"{', '.join(blind[:4])}{more} cannot see {path}, which rank 0 found: rank 0 writes the "
+                          "checkpoints and every rank reads them, so path.root must be on storage that every node "
+                          "shares (NFS, Lustre, a ReadWriteMany volume)")
+
+
+def resolve_grad_accum(option: int | str, saved: dict[str, Any] | None, world_size: int,
+                       total: int) -> tuple[int, str | None]:
+    """``train.grad_accum_steps`` of this run, and the line stating how a resume follows a change in the number of
+    processes (``None`` when it did not change).
+
+    Args:
+        option: ``train.grad_accum_steps``: a number, or ``"auto"``: keep the per-process batch of the checkpoint
+            (memory-safe), accumulating ``total / (per-process batch x world_size)`` micro-batches; 1 for a new run.
+        saved: the descriptor stored with the checkpoint (``None``: a new run, or a checkpoint that predates it).
+        world_size: processes of this run.
+        total: the global batch (``datasets.train.dataloader_batch_size``).
+
+    Raises:
+        BatchSplitError: ``"auto"`` cannot keep the per-process batch on this many processes (one line naming the
+            numbers of processes and the values that work).
+    """
+    if option != "auto":
+        accum = int(option)
+    elif saved is None:
+        accum = 1
+    else:
+        accum = auto_accum_steps(total, world_size, int(saved["per_process_batch"]))
+    if saved is None or saved["world_size"] == world_size or total % (world_size * accum):
+        return accum, None  # unchanged, or a split that build_train_loader reports with its hint
+    old_batch, old_accum = int(saved["per_process_batch"]), int(saved["grad_accum_steps"])
+    per_process = total // (world_size * accum)
+    line = f"{saved['world_size']} -> {world_size} processes: grad_accum_steps "
+    line += f"{old_accum} -> {accum}, " if accum != old_accum else f"{accum} kept, "
+    line += f"per-process batch {old_batch} kept" if per_process == old_batch else \
+        f"per-process batch {old_batch} -> {per_process}"
+    old_total = old_batch * int(saved["world_size"]) * old_accum
+    if old_total != total:
+        line += f", global batch {old_total} -> {total}"
+    if per_process > old_batch and option != "auto":
+        line += " (train.grad_accum_steps='auto' keeps the per-process batch)"
+    return accum, line
+
+
+def rank_stream_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of a rank's random streams (stochastic depth) after a resume on another number of processes: fresh
+    streams that do not replay those of step 1, the same in every such resume from ``step``."""
+    return int(np.random.SeedSequence([seed, step, rank, 1]).generate_state(1)[0])
 
 
 # Keys that do not change the numbers a run computes: a resume may change them and stay exact.
 NON_NUMERIC_TRAIN_KEYS = ("total_iter", "checkpoint_save", "checkpoint_print", "checkpoint_test",
-                          "dataloader_timeout", "manual_seed", "G_scheduler_periods")
+                          "dataloader_timeout", "manual_seed", "G_scheduler_periods",
+                          "grad_accum_steps")  # the resolved split is compared instead (per-process and global batch)
 NON_NUMERIC_DATASET_KEYS = ("dataloader_num_workers", "dataroot_gt", "dataroot_lq", "meta_info_file", "io_backend",
                             "cache_data", "check_data", "check_decode_samples", "name")
 
@@ -257,13 +324,18 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     else:
         model.load_pretrained()
     seed = int(train_state.get("seed") or seed)
-    seed_everything(seed + dist_info.rank)
     rngs = train_state.get("rng")
-    if rngs and len(rngs) == dist_info.world_size:
+    same_ranks = bool(rngs) and len(rngs) == dist_info.world_size
+    if start_step and not same_ranks:
+        seed_everything(rank_stream_seed(seed, start_step, dist_info.rank))
+    else:
+        seed_everything(seed + dist_info.rank)
+    if same_ranks:
         ckpt.restore_rng_state(rngs[dist_info.rank])
 
-    accum = t_opt["grad_accum_steps"]
     train_opt = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
+    accum, world_change = resolve_grad_accum(t_opt["grad_accum_steps"], train_state.get("run"), dist_info.world_size,
+                                             int(train_opt.get("dataloader_batch_size", 1)))
     loader, sampler = build_train_loader(train_set, train_opt, rank=dist_info.rank, world_size=dist_info.world_size,
                                          seed=seed, accum_steps=accum, pin_memory=dist_info.device.type == "cuda",
                                          timeout=float(t_opt["dataloader_timeout"]))
@@ -278,12 +350,16 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     logger.info("Numerics: deterministic %s, TF32 %s, cuDNN benchmark %s, AMP %s, %d intra-op thread(s)",
                 "on" if numerics["deterministic"] else "off", "on" if numerics["tf32"] else "off",
                 "on" if numerics["cudnn_benchmark"] else "off", t_opt["amp"], torch.get_num_threads())
+    if dist_info.device.type == "cuda" and dist_info.is_master:
+        logger.info("Memory: %s", memory_plan.startup_line(opt, dist_info.device, dist_info.world_size, per_process))
     for caveat in numerics["caveats"]:
         logger.warning("Not reproducible: %s", caveat)
     logger.info("Random seed: %d", seed)
     logger.info("Number of train clips: %d, iters per epoch: %d", len(train_set), len(loader) // accum)
     if start_step:
         logger.info("Resuming from step %d (%s)", start_step, paths["models"])
+        if world_change:
+            logger.info(world_change)
         reasons = inexact_resume_reasons(train_state.get("run"), descriptor, t_opt["G_optimizer_reuse"])
         if reasons:
             logger.warning("Resume from step %d is not bit-exact: %s", start_step, "; ".join(reasons))
@@ -334,8 +410,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
         return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"], "best_step": best["step"]}
 
     try:
-        # every global step takes the next global_batch items of the epoch's permutation, whatever the split
-        sampler.set_position(epoch, items_done // dist_info.world_size)
+        sampler.set_position(epoch, items_done)
         if step >= total:
             logger.info("Training already finished: step %d of %d is complete in %s", step, total, paths["models"])
         elif stop.agreed():  # a worker started after the launcher forwarded a stop request

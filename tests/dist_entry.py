@@ -38,7 +38,7 @@ def _capture(opt, dist_info):
 engine_train.define_Model = _capture
 
 # ----- fault injection, driven by environment variables (first attempt only under torchrun's restarts) -----
-RANK = int(os.environ.get("RANK", 0))
+RANK = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))  # srun tasks get RANK later, in main
 FIRST_ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
@@ -69,6 +69,66 @@ def _faulty_step(self, batches, step):
 
 
 ModelPlain.train_step = _faulty_step
+
+# ----- what each step trains on, and a gate that holds the steps (elastic tests):
+#   TEST_LOG_ITEMS=1 appends one line per step and rank to $TEST_REPORT_DIR/items-rank<R>-<pid>.jsonl:
+#     {"step", "rank", "world", "t", "items": [[key, float64 sum of L, float64 sum of H], ...]};
+#   TEST_STEP_GATE=<file> holds step s while s > the number in <file> (absent: no hold), until a stop signal arrives.
+_stop_handle = engine_train.StopRequest._handle
+stop_seen = []
+
+
+def _recording_handle(self, signum, frame):
+    stop_seen.append(signum)
+    return _stop_handle(self, signum, frame)
+
+
+engine_train.StopRequest._handle = _recording_handle
+
+
+def _gate_limit(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _held(step):
+    gate = os.environ.get("TEST_STEP_GATE")
+    if not gate:
+        return
+    while not stop_seen:
+        limit = _gate_limit(gate)
+        if limit is None or step <= limit:
+            return
+        time.sleep(0.05)
+
+
+def _log_items(batches, step):
+    report_dir = os.environ.get("TEST_REPORT_DIR")
+    if os.environ.get("TEST_LOG_ITEMS") != "1" or not report_dir:
+        return
+    items = []
+    for data in batches:
+        for i, key in enumerate(data["key"]):
+            items.append([key, float(data["L"][i].double().sum()), float(data["H"][i].double().sum())])
+    line = {"step": step, "rank": RANK, "world": int(os.environ.get("WORLD_SIZE", 1)), "t": time.time(),
+            "items": items}
+    with open(os.path.join(report_dir, f"items-rank{RANK}-{os.getpid()}.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+_gated_inner = ModelPlain.train_step
+
+
+def _gated_step(self, batches, step):
+    _held(step)
+    _log_items(batches, step)
+    return _gated_inner(self, batches, step)
+
+
+ModelPlain.train_step = _gated_step
 
 # ----- crashes inside the real checkpoint write: TEST_CRASH_IN_SAVE="<step>:<file>:<point>[,...]" kills this process
 # (SIGKILL) while the real utils_checkpoint.atomic_save writes ``{step}_{file}.pth`` (file: G, E, optimizerG, state):
@@ -142,6 +202,11 @@ class SleepyDataset(select_dataset.DATASETS["syntheticvideotraindataset"]):
 
 select_dataset.DATASETS["sleepydataset"] = SleepyDataset
 
+# ----- TEST_HIDE_STATE_RANK=<r>: rank r cannot see any ``*_state.pth`` (experiments/ on a disk of another node)
+if os.environ.get("TEST_HIDE_STATE_RANK") not in (None, "") and RANK == int(os.environ["TEST_HIDE_STATE_RANK"]):
+    _isfile = os.path.isfile
+    os.path.isfile = lambda path: False if str(path).endswith("_state.pth") else _isfile(path)
+
 writes: list[str] = []
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
@@ -165,6 +230,8 @@ if __name__ == "__main__":
     if report_dir:
         report = {"rc": code, "rank": int(os.environ.get("RANK", 0)),
                   "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                  "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
+                  "world_size": int(os.environ.get("WORLD_SIZE", 1)),
                   "writes": [os.path.abspath(w if isinstance(w, str) else w.decode()) for w in writes]}
         model = captured.get("model")
         if model is not None:

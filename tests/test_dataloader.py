@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from utils.utils_dataloader import BatchSplitError, ResumableSampler, SeededItems, split_batch
+from utils.utils_dataloader import BatchSplitError, ResumableSampler, SeededItems, auto_accum_steps, split_batch
 
 
 def test_split_batch():
@@ -48,8 +48,63 @@ def test_sampler_shards_and_resumes():
     one = list(ResumableSampler(ds, 1, 0, True, seed=1))
     assert [i for _, i in one][0::2] == [i for _, i in full[0]]  # same permutation as one process
     sampler = ResumableSampler(ds, 2, 0, True, seed=1)
-    sampler.set_position(0, 2)
+    sampler.set_position(0, 4)  # 4 items over both ranks: 2 of each
     assert list(sampler) == full[0][2:]
     assert list(sampler) == full[0]  # the skip applies once
     sampler.set_epoch(1)
     assert all(e == 1 for e, _ in sampler) and list(sampler) != full[0]
+
+
+def test_auto_accumulation_keeps_the_per_process_batch():
+    assert auto_accum_steps(8, 8, 1) == 1 and auto_accum_steps(8, 4, 1) == 2 and auto_accum_steps(8, 1, 2) == 4
+    with pytest.raises(BatchSplitError, match=r"global batch 8 is not a multiple of 1 x 3 process\(es\); run "
+                       r"1 / 2 / 4 / 8 processes to keep it$"):
+        auto_accum_steps(8, 3, 1)
+    with pytest.raises(BatchSplitError, match=r"per-process batch of 4, but the global batch 6 is not a multiple of "
+                       r"4 x 1 process\(es\); set train.grad_accum_steps to one of 1 \(per-process batch 6\), "
+                       r"2 \(per-process batch 3\), 3 \(per-process batch 2\), 6 \(per-process batch 1\)$"):
+        auto_accum_steps(6, 1, 4)
+
+
+class _Sized(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def _steps(n, world, per_process, accum, shuffle, epoch=0, start_step=0):
+    """The items of each global step of one epoch, as the training loop draws them: every rank's sampler (skipping
+    ``items_in_epoch // world`` after ``start_step`` steps), loader batches of ``per_process`` (drop_last), ``accum``
+    batches per step; the epoch ends when a rank lacks a full step."""
+    per_rank = []
+    for rank in range(world):
+        sampler = ResumableSampler(_Sized(n), world, rank, shuffle, seed=3)
+        sampler.set_position(epoch, start_step * per_process * world * accum)  # what the loop counts
+        idx = [i for _, i in sampler]
+        batches = [idx[b:b + per_process] for b in range(0, len(idx) - per_process + 1, per_process)]
+        per_rank.append([sum(batches[s:s + accum], []) for s in range(0, len(batches) - accum + 1, accum)])
+    count = min(len(steps) for steps in per_rank)
+    assert all(len(steps) == count for steps in per_rank)  # every rank ends the epoch at the same step
+    return [sorted(i for steps in per_rank for i in steps[s]) for s in range(count)]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("n", [7, 8, 13])
+def test_every_split_of_a_global_batch_trains_the_same_items_at_every_step_and_resumes_on_another(n, shuffle):
+    """The same global batch split over any number of processes, per-process batches and accumulation steps gives the
+    same items at every step of an epoch (epoch ends included), and a resume after any step on another split continues
+    with the items of the uninterrupted run."""
+    for total in (1, 2, 3, 4, 6):
+        splits = [(w, p, total // (w * p)) for w in range(1, total + 1) for p in range(1, total + 1)
+                  if total % (w * p) == 0]
+        for epoch in (0, 1):
+            reference = _steps(n, 1, total, 1, shuffle, epoch)
+            assert len(reference) == n // total
+            for world, per_process, accum in splits:
+                assert _steps(n, world, per_process, accum, shuffle, epoch) == reference, (total, world, per_process)
+                for stop in range(len(reference) + 1):
+                    for world2, per_process2, accum2 in splits:
+                        resumed = _steps(n, world2, per_process2, accum2, shuffle, epoch, start_step=stop)
+                        assert resumed == reference[stop:], (total, world, world2, per_process2, stop)

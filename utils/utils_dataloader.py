@@ -50,6 +50,29 @@ def split_batch(total: int, world_size: int, accum_steps: int = 1) -> int:
                           f"process(es) x {accum_steps} accumulation step(s); {hint}")
 
 
+def auto_accum_steps(total: int, world_size: int, per_process: int) -> int:
+    """Accumulation steps that keep ``per_process`` clips per process at the global batch ``total``
+    (``train.grad_accum_steps: "auto"`` resuming a checkpoint trained with that per-process batch).
+
+    Raises:
+        BatchSplitError: ``total`` is not a multiple of ``per_process x world_size``; names the numbers of processes
+            that keep the per-process batch and the accumulation values that work with ``world_size`` processes.
+    """
+    if total % (per_process * world_size) == 0:
+        return total // (per_process * world_size)
+    procs = [n for n in range(1, total // per_process + 1) if total % (per_process * n) == 0]
+    accums = [a for a in range(1, total + 1) if total % (world_size * a) == 0]
+    hints = []
+    if procs:
+        hints.append(f"run {' / '.join(map(str, procs[:6]))} processes to keep it")
+    if accums:
+        hints.append("set train.grad_accum_steps to one of " + ", ".join(
+            f"{a} (per-process batch {total // (world_size * a)})" for a in accums[:6]))
+    raise BatchSplitError(f"train.grad_accum_steps='auto' keeps the checkpoint's per-process batch of {per_process}, "
+                          f"but the global batch {total} is not a multiple of {per_process} x {world_size} "
+                          f"process(es); {', or '.join(hints) or 'change datasets.train.dataloader_batch_size'}")
+
+
 def item_seed(seed: int, epoch: int, index: int) -> int:
     """A 32-bit seed for one training item."""
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
@@ -101,10 +124,16 @@ class ResumableSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.skip = 0
 
-    def set_position(self, epoch: int, skip: int) -> None:
-        """Start epoch ``epoch`` after its first ``skip`` indices of this rank (resume mid-epoch)."""
+    def set_position(self, epoch: int, items_in_epoch: int) -> None:
+        """Start epoch ``epoch`` after the first ``items_in_epoch`` items that all ranks together consumed (resume
+        mid-epoch, on any number of processes).
+
+        The ranks take the epoch's permutation interleaved (rank r: positions r, r + world, ...) and every global
+        step takes its next ``global batch`` positions, whatever the split over processes, per-process batches and
+        accumulation steps; so after ``k`` steps each rank has consumed ``k x global batch / world`` of its share.
+        """
         self.set_epoch(epoch)
-        self.skip = skip
+        self.skip = items_in_epoch // self.num_replicas
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
         indices = list(super().__iter__())[self.skip:]

@@ -2,14 +2,17 @@
 
 Everything is read from the environment that the launcher sets:
 
-* torchrun / ``torch.distributed.run`` / ``torch.distributed.launch``: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+* torchrun / ``torch.distributed.run`` / ``torch.distributed.launch`` (also under TorchX and a Kubeflow job that
+  runs torchrun, which gets its settings from ``PET_*`` variables): ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   ``MASTER_ADDR``, ``MASTER_PORT``;
+* one process per pod (a Kubeflow PyTorchJob running the script itself): ``RANK``, ``WORLD_SIZE``,
+  ``MASTER_ADDR``, ``MASTER_PORT`` with ``LOCAL_RANK`` absent (0);
 * SLURM ``srun`` (fallback when ``RANK`` is absent): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``,
   and ``SLURM_NODELIST``/``SLURM_JOB_NODELIST`` for the master address;
 * the legacy ``--local_rank``/``--local-rank`` argument only fills ``LOCAL_RANK`` when the environment lacks it.
 
 Nothing here writes ``CUDA_VISIBLE_DEVICES``; the device of a process is ``cuda:LOCAL_RANK`` among the GPUs it
-can see, or the CPU.
+can see (the one GPU of an ``srun`` task bound to one), or the CPU.
 """
 
 from __future__ import annotations
@@ -134,21 +137,42 @@ def _fill_slurm_rendezvous(env: dict[str, str]) -> None:
     env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
 
 
-def select_device(local_rank: int, device: str | None = None) -> torch.device:
-    """Pick ``cuda:LOCAL_RANK`` when CUDA is usable (unless ``device='cpu'``), else the CPU.
+def select_device(local_rank: int, device: str | None = None, env: Mapping[str, str] | None = None) -> torch.device:
+    """Pick this process's GPU when CUDA is usable (unless ``device='cpu'``), else the CPU.
+
+    The GPU is ``cuda:LOCAL_RANK`` among the visible ones: torchrun lets every process of a node see all of the
+    node's GPUs. A task that ``srun`` bound to one GPU (``--gpus-per-task=1`` or ``--gpu-bind``, so that
+    ``CUDA_VISIBLE_DEVICES`` holds one id) sees that GPU only and uses it, whatever its ``SLURM_LOCALID``.
+
+    Args:
+        local_rank: the rank on this node.
+        device: ``'cpu'`` forces the CPU (``VRT_DEVICE``).
+        env: the environment to read (defaults to ``os.environ``).
 
     Raises:
-        DistError: ``LOCAL_RANK`` is beyond the visible GPUs.
+        DistError: ``LOCAL_RANK`` is beyond the visible GPUs (and the process is not a task bound to one GPU).
     """
+    env = os.environ if env is None else env
     if device == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     count = torch.cuda.device_count()
-    if local_rank >= count:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
-        raise DistError(f"LOCAL_RANK={local_rank} but only {count} GPU(s) are visible "
-                        f"(CUDA_VISIBLE_DEVICES={visible}); start at most {count} processes per node "
-                        f"(torchrun --nproc_per_node={count})")
-    return torch.device("cuda", local_rank)
+    if local_rank < count:
+        return torch.device("cuda", local_rank)
+    if count == 1 and _srun_task(env):
+        return torch.device("cuda", 0)
+    visible = env.get("CUDA_VISIBLE_DEVICES", "<unset>")
+    if _srun_task(env):
+        hint = (f"bind one GPU to each task (srun --gpus-per-task=1, or --gpu-bind=single:1) or start at most {count} "
+                "tasks per node")
+    else:
+        hint = f"start at most {count} processes per node (torchrun --nproc_per_node={count})"
+    raise DistError(f"LOCAL_RANK={local_rank} but only {count} GPU(s) are visible (CUDA_VISIBLE_DEVICES={visible}); "
+                    f"{hint}")
+
+
+def _srun_task(env: Mapping[str, str]) -> bool:
+    """A task started by ``srun`` itself (torchrun's workers carry ``LOCAL_WORLD_SIZE``)."""
+    return "SLURM_LOCALID" in env and "LOCAL_WORLD_SIZE" not in env
 
 
 def get_dist_info() -> DistInfo:
@@ -192,31 +216,55 @@ ATTEMPT_STORE_KEY = "vrt/attempt_store"
 _PROBE_TIMEOUT_S = 5.0
 
 
+def attempt_store_key(env: Mapping[str, str] | None = None) -> str:
+    """The agent-store key under which rank 0 publishes its attempt's store; one per job (``TORCHELASTIC_RUN_ID``),
+    as jobs may share one c10d rendezvous endpoint."""
+    env = os.environ if env is None else env
+    return f"{ATTEMPT_STORE_KEY}/{env.get('TORCHELASTIC_RUN_ID', '')}"
+
+
+def own_address(peer: str, port: int) -> str:
+    """This host's address on the route to ``peer``: where the other nodes reach a server that this process hosts.
+
+    A UDP ``connect`` only picks the route and sends nothing. Falls back to the host name.
+    """
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(peer, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(sockaddr)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.getfqdn()
+
+
 def _attempt_store(info: DistInfo, timeout_s: float) -> dist.TCPStore:
     """A key-value store that belongs to this launch attempt alone.
 
     torchrun (since torch 2.5) lends its workers the agent's TCPStore and keeps it across ``--max-restarts``
-    attempts, so the keys of a crashed attempt stay behind (pytorch/pytorch#135712). A restarted rank that starts
-    before rank 0 reads rank 0's dead gloo/NCCL address and waits for the whole timeout. Here rank 0 hosts a new
-    store and publishes ``port:nonce`` in the agent's store; the other ranks take a published entry only once the
-    store behind it answers with that nonce, which a previous attempt's (dead) store cannot do.
+    attempts and elastic membership changes, so the keys of a crashed attempt stay behind (pytorch/pytorch#135712).
+    A restarted rank that starts before rank 0 reads rank 0's dead gloo/NCCL address and waits for the whole
+    timeout. Here rank 0 hosts a new store sized for this attempt's world and publishes ``host:port:nonce`` in the
+    agent's store; the other ranks take a published entry only once the store behind it answers with that nonce,
+    which a previous attempt's (dead) store cannot do. The host is rank 0's own address: under the c10d rendezvous
+    the agent's store (``MASTER_ADDR``) lives on the endpoint's node, and rank 0 may run on any node.
     """
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    key = attempt_store_key()
     full = datetime.timedelta(seconds=timeout_s)
     agent = dist.TCPStore(addr, port, is_master=False, timeout=full, wait_for_workers=False)
     if info.rank == 0:
         nonce = os.urandom(8).hex()
         store = dist.TCPStore(addr, 0, info.world_size, is_master=True, timeout=full, wait_for_workers=False)
         store.set("nonce", nonce)
-        agent.set(ATTEMPT_STORE_KEY, f"{store.port}:{nonce}")
+        agent.set(key, f"{own_address(addr, port)}:{store.port}:{nonce}")
         return store
     probe = datetime.timedelta(seconds=_PROBE_TIMEOUT_S)
     deadline = time.monotonic() + timeout_s
     while True:
-        store_port, nonce = agent.get(ATTEMPT_STORE_KEY).decode().split(":")
+        host, store_port, nonce = agent.get(key).decode().rsplit(":", 2)
         try:
-            socket.create_connection((addr, int(store_port)), timeout=_PROBE_TIMEOUT_S).close()  # quiet first look
-            store = dist.TCPStore(addr, int(store_port), is_master=False, timeout=probe, wait_for_workers=False)
+            socket.create_connection((host, int(store_port)), timeout=_PROBE_TIMEOUT_S).close()  # quiet first look
+            store = dist.TCPStore(host, int(store_port), is_master=False, timeout=probe, wait_for_workers=False)
             if store.get("nonce").decode() == nonce:
                 store.set_timeout(full)
                 return store
@@ -275,6 +323,15 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     holder = [obj]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's ``obj``, in rank order (pickled; for small control data only)."""
+    if not is_dist():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _collective_device() -> torch.device:

@@ -10,7 +10,13 @@ this process and takes over SIGTERM, SIGINT and SIGUSR1:
   restart racing the signal) see ``VRT_STOP_REQUESTED`` and stop before their first step;
 * a second one ends the workers at once (SIGKILL; the newest complete checkpoint stays as it is).
 
-Everything else (rendezvous, ``--max-restarts``, multi-node) is torchrun's.
+Everything else (rendezvous, ``--max-restarts``, multi-node) is torchrun's, with one setting changed: under a c10d
+rendezvous that several agents join (``--rdzv-backend=c10d`` without ``--standalone``) the agents do not lend their
+rendezvous store to the workers (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, unless set). With the shared store, an
+agent that was group rank 0 before keeps its old bootstrap address and does not publish one for the new round, so an
+agent that joins later waits for it until the store times out (seen with torch 2.14:
+``DynamicRendezvousHandler.next_rendezvous`` builds the address only on an agent's first round or when it becomes
+rank 0); without it, rank 0 publishes a fresh address every round.
 """
 
 from __future__ import annotations
@@ -29,6 +35,14 @@ logger = logging.getLogger(__name__)
 
 FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
 STOP_ENV = "VRT_STOP_REQUESTED"  # read by the training loop (engine) of workers started after a stop request
+SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def joinable_rendezvous(argv: list[str]) -> bool:
+    """torchrun's arguments (flags or ``PET_*`` variables) ask for a c10d rendezvous that agents on several nodes
+    join, leave and rejoin (not ``--standalone``)."""
+    args = get_args_parser().parse_args(argv)
+    return args.rdzv_backend == "c10d" and not args.standalone
 
 
 def _children(pid: int) -> list[int]:
@@ -74,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "--signals-to-handle=SIGHUP,SIGQUIT")
     else:  # torch < 2.5 reads the environment only
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"
+    if SHARED_STORE_ENV not in os.environ and joinable_rendezvous(argv):
+        os.environ[SHARED_STORE_ENV] = "1"  # see the module docstring
     forwarder = _Forwarder()
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forwarder)

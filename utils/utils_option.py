@@ -257,7 +257,7 @@ def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool, dataset_
     train = opt["train"]
     if train.get("G_scheduler_periods") is None:
         train["G_scheduler_periods"] = train["total_iter"]
-    for key in ("total_iter", "checkpoint_save", "checkpoint_print", "checkpoint_test", "grad_accum_steps"):
+    for key in ("total_iter", "checkpoint_save", "checkpoint_print", "checkpoint_test"):
         if train[key] < 1 and not (key == "checkpoint_test" and train[key] == 0):
             raise OptionError(f"option 'train.{key}' must be >= 1, got {train[key]}")
     netg = opt.get("netG")

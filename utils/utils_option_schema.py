@@ -48,6 +48,12 @@ def _only_off(feature: str) -> Callable[[Any], str | None]:
     return refuse
 
 
+def _accum_steps(value: Any) -> str | None:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return None
+    return "must be >= 1 or \"auto\""
+
+
 FREE = "free-form"  # a section whose keys are checked elsewhere (netG: constructor; datasets.*: dataset class)
 
 SCHEMA: dict[str, Opt] = {
@@ -145,8 +151,10 @@ SCHEMA: dict[str, Opt] = {
     "train.F_use_range_norm": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
     "train.amp": Opt(str, "none", "Autocast: `bf16`, or `fp16` with a GradScaler; deformable sampling, warping "
                      "and offsets stay fp32.", choices=("none", "bf16", "fp16")),
-    "train.grad_accum_steps": Opt(int, 1, "Micro-batches per step; global batch = per-process batch x "
-                                  "processes x this."),
+    "train.grad_accum_steps": Opt((int, str), 1, "Micro-batches per step; global batch = per-process batch x "
+                                  "processes x this. `\"auto\"`: 1 for a new run; a resume on another number of "
+                                  "processes keeps the checkpoint's per-process batch (memory-safe) and accumulates "
+                                  "global batch / (per-process batch x processes).", refuse=_accum_steps),
     "train.compile": Opt(bool, False, "`torch.compile` the network before DDP wraps it."),
     "train.deterministic": Opt(bool, True, "Deterministic kernels: two runs of one command, and a resumed run, "
                                "are bit-identical (docs/reliability.md)."),
