@@ -16,7 +16,8 @@ import os
 import sys
 
 from engine.options import log_kair_notes, parse_options
-from engine.train import ConfigError, ResumeError, train
+from engine.resume import ResumeError
+from engine.train import ConfigError, train
 from models.model_plain import NonFiniteLossError
 from utils import utils_dist, utils_numerics, utils_option
 from utils.utils_checkpoint import CheckpointError

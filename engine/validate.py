@@ -90,3 +90,32 @@ def _gather_folders(folders: list[str]) -> list[list[str]]:
     out: list[Any] = [None] * utils_dist.get_world_size()
     torch.distributed.all_gather_object(out, folders)
     return out
+
+
+def input_baseline(lq: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The input as an estimate of the output: bicubic-upsampled LQ (SR), the LQ itself (deblurring/denoising),
+    or the mean of the two middle input frames (interpolation).
+
+    Args:
+        lq: ``(1, T, C, h, w)``.
+        like: an output tensor ``(1, T', 3, H, W)`` giving the target shape.
+    """
+    frames = lq[0, :, :3]
+    if like.shape[1] != frames.shape[0]:
+        mid = frames.shape[0] // 2
+        frames = frames[max(mid - 1, 0):mid + 1].mean(0, keepdim=True)
+    if frames.shape[-2:] != like.shape[-2:]:
+        frames = F.interpolate(frames, size=like.shape[-2:], mode="bicubic", align_corners=False)
+    return frames.clamp(0, 1)[None]
+
+
+class InputBaseline:
+    """Stands in for a model in :func:`validate`: the input itself as the restored video."""
+
+    def __init__(self, scale: int, vfi: bool) -> None:
+        self.scale, self.vfi = scale, vfi
+
+    def infer(self, lq: torch.Tensor) -> torch.Tensor:
+        frames = 1 if self.vfi else lq.shape[1]
+        like = torch.empty(1, frames, 3, lq.shape[-2] * self.scale, lq.shape[-1] * self.scale)
+        return input_baseline(lq, like)

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import main_train_vrt  # noqa: E402
 from data import select_dataset  # noqa: E402
 from engine import train as engine_train  # noqa: E402
+from engine.preemption import StopRequest  # noqa: E402
 from models.model_plain import ModelPlain  # noqa: E402
 from utils import utils_checkpoint  # noqa: E402
 
@@ -74,7 +75,7 @@ ModelPlain.train_step = _faulty_step
 #   TEST_LOG_ITEMS=1 appends one line per step and rank to $TEST_REPORT_DIR/items-rank<R>-<pid>.jsonl:
 #     {"step", "rank", "world", "t", "items": [[key, float64 sum of L, float64 sum of H], ...]};
 #   TEST_STEP_GATE=<file> holds step s while s > the number in <file> (absent: no hold), until a stop signal arrives.
-_stop_handle = engine_train.StopRequest._handle
+_stop_handle = StopRequest._handle
 stop_seen = []
 
 
@@ -83,7 +84,7 @@ def _recording_handle(self, signum, frame):
     return _stop_handle(self, signum, frame)
 
 
-engine_train.StopRequest._handle = _recording_handle
+StopRequest._handle = _recording_handle
 
 
 def _gate_limit(path):

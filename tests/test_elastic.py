@@ -323,7 +323,7 @@ def test_elastic_agents_leave_and_join_and_the_run_ends_as_an_uninterrupted_one(
 # the decisions, unit by unit
 # ----------------------------------------------------------------------------------------------------------------
 def test_grad_accum_auto_keeps_the_per_process_batch_of_the_checkpoint():
-    from engine.train import resolve_grad_accum
+    from engine.resume import resolve_grad_accum
 
     saved = {"world_size": 8, "per_process_batch": 1, "grad_accum_steps": 1}
     assert resolve_grad_accum("auto", None, 2, 8) == (1, None)  # a new run

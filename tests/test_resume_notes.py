@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from engine.train import inexact_resume_reasons, run_descriptor
+from engine.resume import inexact_resume_reasons, run_descriptor
 from tests.helpers import assert_ok, base_env, single, write_opt
 from utils.utils_dist import DistInfo
 
