@@ -198,9 +198,7 @@ def environment(s: Suite) -> dict[str, Any]:
 
 
 def goldens(s: Suite) -> dict[str, Any]:
-    from tests.golden import deterministic_fill
-    from tests.test_network_rvrt import GOLDEN as RVRT_GOLDEN
-    from tests.test_network_vrt import GOLDEN as VRT_GOLDEN
+    from tests.support.golden import RVRT_GOLDEN, VRT_GOLDEN, deterministic_fill
     cases = [('vrt', c) for c in sorted(VRT_GOLDEN)] + [('rvrt', c) for c in sorted(RVRT_GOLDEN)]
     if s.quick:
         cases = [('vrt', 'small_1frame')]  # the cheapest on a CPU (the others take 3-60 s each there)

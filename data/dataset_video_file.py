@@ -5,7 +5,9 @@ Items follow the test-dataset contract: ``{'L': (T, C, h, w), 'H': (T, 3, H, W) 
 'folder': <video stem>, 'lq_path': [...], 'gt_path': [...]}``, float32 RGB in [0, 1], plus what a caller needs to
 write the result as a video like the input: ``'fps'`` (exact, a :class:`~fractions.Fraction`), ``'has_audio'``
 and ``'video_path'`` (the LQ file, the source of the audio). The frame "paths" are ``<stem>/<index:08d>``
-names, used to name the output frames.
+names, used to name the output frames. :meth:`VideoFileTestDataset.lazy_item` gives the same item with frame
+sources (:class:`VideoFrames`, decoding one frame at a time) in place of the ``'L'``/``'H'`` tensors, and
+:func:`clip_video_writer` writes a restored clip frame by frame.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -20,17 +23,19 @@ import torch
 from torch.utils.data import Dataset
 
 from data.dataset_options import RGB_CHANNELS, resolve_options
-from data.dataset_video_test import NOISE_OPTIONS, add_noise
+from data.frame_sources import NOISE_OPTIONS, NoisyFrames, add_noise
 from utils.utils_option_schema import OPT_STR, REQUIRED, Opt
-from utils.utils_video_file import VideoFileError, VideoReader, VideoWriter
+from utils.utils_video_file import CODECS, VideoFileError, VideoReader, VideoWriter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VIDEO_EXTENSIONS", "VideoFileTestDataset", "is_video_file", "list_videos", "read_video",
-           "write_clip_video", "write_video"]
+__all__ = ["VIDEO_EXTENSIONS", "VideoFileTestDataset", "VideoFrames", "clip_video_writer", "is_video_file",
+           "list_videos", "read_video", "write_clip_video", "write_video"]
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv")
 SAVE_VIDEO_CRF = 18  # x264's "visually lossless" setting
+# ``--save_video``'s container per codec: mp4 plays everywhere; PyAV refuses PNG in Matroska, so PNG goes to mov
+CLIP_VIDEO_EXT = {"h264": ".mp4", "h265": ".mp4", "ffv1": ".mkv", "png": ".mov"}
 
 
 def is_video_file(path: str) -> bool:
@@ -58,6 +63,38 @@ def read_video(path: str) -> tuple[torch.Tensor, Fraction]:
         return _decode(reader), reader.fps
 
 
+class VideoFrames:
+    """The frames of a video file, decoded one at a time (a frame source: ``len()`` and ``frames(start)``).
+
+    Args:
+        path: the video file.
+        num_frames: its frame count when already known (else read from the container on first use).
+    """
+
+    def __init__(self, path: str, num_frames: int | None = None) -> None:
+        self.path = self.name = path
+        self._num_frames = num_frames
+
+    def __len__(self) -> int:
+        if self._num_frames is None:
+            with VideoReader(self.path) as reader:
+                self._num_frames = reader.num_frames
+        return self._num_frames
+
+    def frames(self, start: int = 0) -> Iterator[torch.Tensor]:
+        """Frames ``start, start + 1, ...`` as ``(3, H, W)`` float32 RGB in [0, 1] (the values of
+        :func:`read_video`); the frames before ``start`` are decoded but not converted.
+
+        Raises:
+            VideoFileError: the file cannot be decoded (named).
+        """
+        with VideoReader(self.path) as reader:
+            for frame in reader.frames(start):
+                out = torch.empty(3, *frame.shape[:2])  # (3, H, W) contiguous, converted in one pass, as read_video
+                out.copy_(torch.from_numpy(frame).permute(2, 0, 1))
+                yield out.div_(255.0)
+
+
 def _decode(reader: VideoReader) -> torch.Tensor:
     frames = [torch.from_numpy(frame) for frame in reader]  # uint8: a quarter of the float clip
     out = torch.empty(len(frames), 3, *frames[0].shape[:2])
@@ -79,12 +116,13 @@ def write_video(path: str, frames: torch.Tensor, fps: Fraction | float | int = 2
 
 
 def write_clip_video(save_dir: str, clip: str, frames: torch.Tensor, fps: Fraction | float | int = 25,
-                     audio_from: str | None = None) -> str:
+                     audio_from: str | None = None, codec: str = "h264", crf: int | None = None) -> str:
     """``--save_video``: write a restored clip as a video people can play and share.
 
-    ``<save_dir>/<clip>.mp4`` in H.264 (CRF 18, 4:2:0), which every player and browser opens; the exact frames
-    are ``--save_result``'s PNGs. H.264 4:2:0 cannot store an odd frame size, so such a clip goes to a lossless
-    ``<clip>.mkv`` (FFV1) instead. The frame rate and the audio of ``audio_from`` (the input video) are kept.
+    By default ``<save_dir>/<clip>.mp4`` in H.264 (CRF 18, 4:2:0), which every player and browser opens; the exact
+    frames are ``--save_result``'s PNGs. H.264/H.265 4:2:0 cannot store an odd frame size, so such a clip goes to a
+    lossless ``<clip>.mkv`` (FFV1) instead. The frame rate and the audio of ``audio_from`` (the input video) are
+    kept.
 
     Args:
         save_dir: output folder.
@@ -92,20 +130,42 @@ def write_clip_video(save_dir: str, clip: str, frames: torch.Tensor, fps: Fracti
         frames: ``(T, 3, H, W)`` RGB in [0, 1].
         fps: frame rate of the output.
         audio_from: a file whose audio track is copied over (``None``: no audio).
+        codec, crf: see :func:`clip_video_writer`.
 
     Returns:
         The path written.
     """
     height, width = frames.shape[-2:]
-    if height % 2 or width % 2:
+    with clip_video_writer(save_dir, clip, height, width, fps, audio_from, codec=codec, crf=crf) as writer:
+        for frame in frames:
+            writer.write(frame)
+    return writer.path
+
+
+def clip_video_writer(save_dir: str, clip: str, height: int, width: int, fps: Fraction | float | int = 25,
+                      audio_from: str | None = None, codec: str = "h264", crf: int | None = None) -> VideoWriter:
+    """The writer :func:`write_clip_video` uses, to write a clip frame by frame.
+
+    Args:
+        save_dir, clip: the video is ``<save_dir>/<clip>`` plus the codec's extension (:data:`CLIP_VIDEO_EXT`).
+        height, width: the frame size; an odd one cannot be stored by h264/h265 (4:2:0): lossless ``.mkv`` then,
+            with a warning.
+        fps, audio_from: frame rate; a file whose audio is carried over.
+        codec: ``h264`` (default, plays everywhere), ``h265`` (smaller), ``ffv1`` or ``png`` (lossless).
+        crf: quality of h264/h265 (lower is better; default 18 for h264, 20 for h265).
+    """
+    if codec not in CLIP_VIDEO_EXT:
+        raise VideoFileError(f"--video_codec {codec!r} is unknown; use one of {', '.join(CLIP_VIDEO_EXT)}")
+    lossy = CODECS[codec].default_crf is not None
+    if lossy and (height % 2 or width % 2):
         path = os.path.join(save_dir, f"{clip}.mkv")
-        logger.warning("%s: the frame size %dx%d is odd, which H.264 (4:2:0) cannot store; writing lossless FFV1",
-                       path, width, height)
-        write_video(path, frames, fps, audio_from=audio_from)
-    else:
-        path = os.path.join(save_dir, f"{clip}.mp4")
-        write_video(path, frames, fps, codec="h264", crf=SAVE_VIDEO_CRF, audio_from=audio_from)
-    return path
+        logger.warning("%s: the frame size %dx%d is odd, which %s (4:2:0) cannot store; writing lossless FFV1",
+                       path, width, height, codec)
+        return VideoWriter(path, fps, audio_from=audio_from)
+    if crf is None and codec == "h264":
+        crf = SAVE_VIDEO_CRF
+    return VideoWriter(os.path.join(save_dir, f"{clip}{CLIP_VIDEO_EXT[codec]}"), fps, codec=codec,
+                       crf=crf if lossy else None, audio_from=audio_from)
 
 
 class VideoFileTestDataset(Dataset):
@@ -178,5 +238,30 @@ class VideoFileTestDataset(Dataset):
         item["L"] = lq
         names = [f"{i:08d}" for i in range(lq.shape[0])]
         item["lq_path"] = [os.path.join(stem, n) for n in names]
+        item["gt_path"] = list(item["lq_path"])
+        return item
+
+    def lazy_item(self, index: int) -> dict[str, Any]:
+        """The item with :class:`VideoFrames` as ``'L'`` and ``'H'`` (a :class:`~data.frame_sources.NoisyFrames`
+        of the GT as ``'L'`` for a non-zero ``sigma``); nothing is decoded until their frames are read.
+
+        Raises:
+            VideoFileError: the LQ and GT frame counts differ (naming both files).
+        """
+        lq_file, gt_file = self.lq_files[index], self.gt_files[index]
+        stem = os.path.splitext(os.path.basename(lq_file))[0]
+        with VideoReader(lq_file) as reader:
+            lq: Any = VideoFrames(lq_file, reader.num_frames)
+            item: dict[str, Any] = {"folder": stem, "fps": reader.fps, "has_audio": reader.has_audio,
+                                    "video_path": lq_file}
+        if gt_file is not None:
+            gt = VideoFrames(gt_file)
+            if len(gt) != len(lq):
+                raise VideoFileError(f"{lq_file} has {len(lq)} frames but its GT {gt_file} has {len(gt)}")
+            item["H"] = gt
+            if self.sigma:
+                lq = NoisyFrames(gt, self.sigma, seed=self.noise_seed)
+        item["L"] = lq
+        item["lq_path"] = [os.path.join(stem, f"{i:08d}") for i in range(len(lq))]
         item["gt_path"] = list(item["lq_path"])
         return item

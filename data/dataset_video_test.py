@@ -7,6 +7,10 @@ local generator seeded with ``noise_seed`` (default 0: the official script's ``t
 every clip), so it is the same on any rank and worker and the global RNG is never touched. Each class's
 ``OPTIONS`` lists the keys it takes; KAIR keys the test sets cannot honour (``io_backend`` other than disk,
 ``num_frame`` other than -1 for whole clips) are refused with the reason.
+
+The clip-folder sets also hand out an item's frames lazily (:meth:`SingleVideoRecurrentTestDataset.lazy_item`):
+``'L'``/``'H'`` are then frame sources (:class:`data.frame_sources.FolderFrames`, ``NoisyFrames``) with ``len()`` and
+``frames(start)``, which read one frame at a time, and give the frames of ``__getitem__`` bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch.utils.data import Dataset
 
 from data.dataset_options import RGB_CHANNELS, at_least, only, resolve_options
 from data.dataset_video_train import VIMEO_FRAME_OPTIONS, read_meta_lines, vimeo_neighbors
+from data.frame_sources import NOISE_OPTIONS, FolderFrames, NoisyFrames, add_noise, sigma_map
 from utils.utils_option import OptionError
 from utils.utils_option_schema import NUM, OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError, check_problems, list_frames, read_img_seq
@@ -35,7 +40,6 @@ __all__ = [
     "SingleVideoRecurrentTestDataset",
     "VideoRecurrentTestDataset",
     "VideoTestVimeo90KDataset",
-    "add_noise",
 ]
 
 
@@ -49,36 +53,6 @@ _WHOLE_CLIPS = Opt(int, -1, "Only -1: a test item is a whole clip (tile it in ti
                    refuse=only(-1, "a test item is a whole clip; tile it in time with val.num_frame_testing"))
 _META_NAMES = Opt(OPT_STR, None, "Clip list: the first field of each line names a clip folder (null: every "
                   "sub-folder, sorted).")
-NOISE_OPTIONS: dict[str, Opt] = {
-    "sigma": Opt(NUM, 0, "Non-blind denoising: the input is GT plus Gaussian noise of this std ([0, 255] scale), "
-                 "unclipped, with the sigma map as channel 4 (0: the LQ frames are read).", refuse=at_least(0)),
-    "noise_seed": Opt(int, 0, "Seed of that noise (a local generator; 0 gives the official test script's noise, "
-                      "`torch.manual_seed(0)` before each clip)."),
-}
-
-
-def add_noise(gt: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
-    """Non-blind denoising input: ``gt + N(0, sigma)`` (not clipped) with the sigma map appended.
-
-    Args:
-        gt: ``(T, 3, H, W)`` in [0, 1].
-        sigma: noise std on the [0, 1] scale.
-        seed: seed of the local generator (the global RNG is not used).
-
-    Returns:
-        ``(T, 4, H, W)``; channel 4 is ``sigma`` everywhere.
-    """
-    level = torch.full((1, 1, 1, 1), float(sigma))
-    noise = torch.normal(mean=0.0, std=level.expand_as(gt), generator=torch.Generator().manual_seed(seed))
-    t, _, h, w = gt.shape
-    return torch.cat([gt + noise, level.expand(t, 1, h, w)], dim=1)
-
-
-def sigma_map(lq: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Append a constant ``sigma`` channel to already-noisy ``(T, 3, H, W)`` frames -> ``(T, 4, H, W)``."""
-    return torch.cat([lq, torch.full_like(lq[:, :1], float(sigma))], dim=1)
-
-
 def _subfolders(root: str, opt: dict[str, Any]) -> list[str]:
     if not root or not os.path.isdir(root):
         raise DataCheckError(f"test data folder {root!r} does not exist")
@@ -167,6 +141,13 @@ class SingleVideoRecurrentTestDataset(Dataset):
             lq = sigma_map(lq, self.sigma)
         return {"L": lq, "folder": folder, "lq_path": list(self.lq_paths[folder])}
 
+    def lazy_item(self, index: int) -> dict[str, Any]:
+        """The item with a :class:`FolderFrames` as ``'L'`` (nothing is decoded until its frames are read)."""
+        folder = self.folders[index]
+        lq = FolderFrames(self.lq_paths[folder], os.path.join(self.lq_root, folder), self.cache.get(folder),
+                          self.sigma)
+        return {"L": lq, "folder": folder, "lq_path": list(self.lq_paths[folder])}
+
 
 class VideoRecurrentTestDataset(SingleVideoRecurrentTestDataset):
     """Paired clips ``<dataroot_lq>/<clip>/*`` and ``<dataroot_gt>/<clip>/*`` (REDS4, Vid4, DVD10, GoPro11, Set8...).
@@ -232,6 +213,18 @@ class VideoRecurrentTestDataset(SingleVideoRecurrentTestDataset):
             lq = add_noise(gt, self.sigma, seed)
         else:
             lq = self._lq(folder)
+        return {"L": lq, "H": gt, "folder": folder, "lq_path": list(self.lq_paths[folder]),
+                "gt_path": list(self.gt_paths[folder])}
+
+    def lazy_item(self, index: int) -> dict[str, Any]:
+        """The item with frame sources as ``'L'`` and ``'H'``: :class:`FolderFrames`, or :class:`NoisyFrames` of
+        the GT for a non-zero ``sigma``."""
+        folder = self.folders[index]
+        gt = FolderFrames(self.gt_paths[folder], os.path.join(self.gt_root, folder), self.gt_cache.get(folder))
+        if self.sigma:
+            lq: Any = NoisyFrames(gt, self.sigma, self.noise_seed + (index if self.noise_seed_per_clip else 0))
+        else:
+            lq = FolderFrames(self.lq_paths[folder], os.path.join(self.lq_root, folder), self.cache.get(folder))
         return {"L": lq, "H": gt, "folder": folder, "lq_path": list(self.lq_paths[folder]),
                 "gt_path": list(self.gt_paths[folder])}
 

@@ -7,7 +7,9 @@ A video is restored in temporal clips (``num_frame_testing`` frames, consecutive
 script. A clip or frame that is not tiled is mirror-padded only up to the next window multiple,
 ``(ws - d % ws) % ws`` (nothing when it already fits), then cropped back.
 
-Outputs are accumulated in float32 on the CPU, so device memory is bounded by one tile whatever the video length.
+:func:`infer_video` takes the whole (already decoded) video and accumulates the output in float32 on the CPU, so
+device memory is bounded by one tile whatever the video length. :func:`models.video_stream.stream_video` applies the
+same rules to frames read one at a time and returns each output frame as soon as it is final, bit-identical.
 
 Differences from the official script, all where it would crash or be wrong:
 
@@ -28,7 +30,7 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["blend_weights", "infer_video", "pad_to_window", "tile_starts"]
+__all__ = ["blend_weights", "check_tiling_args", "infer_video", "pad_to_window", "tile_starts"]
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
@@ -94,15 +96,38 @@ def pad_to_window(x: Tensor, dim: int, window: int) -> tuple[Tensor, int]:
     return torch.cat([x, tail], dim=dim), n
 
 
+def check_tiling_args(shape: Sequence[int], *, window_size: Sequence[int], size_patch_testing: int,
+                      nonblind_denoising: bool, vfi: bool, pad_seq: bool) -> None:
+    """Reject settings :func:`infer_video` cannot honour; ``shape`` is the input's ``(B, D, C, h, w)``.
+
+    Raises:
+        ValueError: a message naming the setting and what would work.
+    """
+    if len(shape) != 5:
+        raise ValueError(f"lq must be (B, D, C, h, w), got shape {tuple(shape)}")
+    if len(window_size) != 3:
+        raise ValueError(f"window_size must be (T, H, W), got {window_size}")
+    if size_patch_testing % window_size[-1]:
+        raise ValueError(f"size_patch_testing={size_patch_testing} must be a multiple of the window size "
+                         f"{window_size[-1]}")
+    if nonblind_denoising and shape[2] != 4:
+        raise ValueError(f"non-blind denoising expects 4 input channels (RGB + noise map), got {shape[2]}")
+    if vfi and pad_seq:
+        raise ValueError("pad_seq is meaningless for frame interpolation (the network needs exactly its D frames)")
+
+
 class _Runner:
-    """Runs the network on one tile: moves it to the device, applies autocast, returns float32 on the CPU."""
+    """Runs the network on one tile: moves it to the device, applies autocast, returns float32 (on the CPU, or
+    left on the device with ``keep_on_device``)."""
 
     def __init__(self, net: Callable[[Tensor], Tensor], device: torch.device, autocast_dtype: torch.dtype | None,
-                 window_size: Sequence[int]) -> None:
+                 window_size: Sequence[int], keep_on_device: bool = False) -> None:
         self.net = net
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.window_size = tuple(int(v) for v in window_size)
+        self.keep_on_device = keep_on_device
+        self._masks: dict[tuple[int, ...], list[tuple[int, int, Tensor]]] = {}
 
     def __call__(self, x: Tensor) -> Tensor:
         x = x.to(self.device, non_blocking=True)
@@ -110,7 +135,18 @@ class _Runner:
                if self.autocast_dtype is not None else contextlib.nullcontext())
         with ctx:
             out = self.net(x)
-        return out.float().cpu()
+        return out.float() if self.keep_on_device else out.float().cpu()
+
+    def masks(self, h: int, w: int, size_patch: int, overlap: int, scale: int) -> list[tuple[int, int, Tensor]]:
+        """``[(h0, w0, mask)]``: output origin and 2-D blend mask of every spatial patch of an ``h`` x ``w`` frame,
+        where the patch outputs land; built once per frame size (a copy to the device would wait for it)."""
+        key = (h, w, size_patch, overlap, scale)
+        if key not in self._masks:
+            where = self.device if self.keep_on_device else torch.device("cpu")
+            self._masks[key] = [(h0, w0, (mask_h[:, None] * mask_w[None, :]).to(where))
+                                for h0, mask_h in blend_weights(h, size_patch, overlap, scale)
+                                for w0, mask_w in blend_weights(w, size_patch, overlap, scale)]
+        return self._masks[key]
 
     def padded(self, x: Tensor, scale: int) -> Tensor:
         """Spatially mirror-pad ``x`` (B, D, C, h, w) to window multiples, run, crop to ``h*scale, w*scale``."""
@@ -120,24 +156,21 @@ class _Runner:
 
 
 def _infer_clip(run: _Runner, lq: Tensor, scale: int, size_patch: int, overlap: int) -> Tensor:
-    """One clip, whole or in spatial patches. ``lq``: (B, D, C, h, w); returns (B, D', 3, h*scale, w*scale)."""
+    """One clip, whole or in spatial patches. ``lq``: (B, D, C, h, w); returns (B, D', 3, h*scale, w*scale) where
+    the runner leaves its outputs (the patches are blended there)."""
     if not size_patch:
         return run.padded(lq, scale)
     h, w = lq.shape[-2:]
-    rows = blend_weights(h, size_patch, overlap, scale)
-    cols = blend_weights(w, size_patch, overlap, scale)
     out = weight = None
-    for h0, mask_h in rows:
-        for w0, mask_w in cols:
-            hs, ws = h0 // scale, w0 // scale
-            patch = run.padded(lq[..., hs: hs + size_patch, ws: ws + size_patch], scale)
-            mask = mask_h[:, None] * mask_w[None, :]
-            if out is None:
-                out = torch.zeros(*patch.shape[:3], h * scale, w * scale)
-                weight = torch.zeros(h * scale, w * scale)
-            region = (..., slice(h0, h0 + mask.shape[0]), slice(w0, w0 + mask.shape[1]))
-            out[region].add_(patch * mask)
-            weight[region].add_(mask)
+    for h0, w0, mask in run.masks(h, w, size_patch, overlap, scale):
+        hs, ws = h0 // scale, w0 // scale
+        patch = run.padded(lq[..., hs: hs + size_patch, ws: ws + size_patch], scale)
+        if out is None:
+            out = torch.zeros(*patch.shape[:3], h * scale, w * scale, device=patch.device)
+            weight = torch.zeros(h * scale, w * scale, device=patch.device)
+        region = (..., slice(h0, h0 + mask.shape[0]), slice(w0, w0 + mask.shape[1]))
+        out[region].add_(patch * mask)
+        weight[region].add_(mask)
     assert out is not None and weight is not None
     return out.div_(weight)
 
@@ -197,17 +230,8 @@ def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, wind
     Returns:
         ``(B, D', 3, h*scale, w*scale)`` float32 on the CPU, with D' = D (1 for VFI or ``center_frame_only``).
     """
-    if lq.ndim != 5:
-        raise ValueError(f"lq must be (B, D, C, h, w), got shape {tuple(lq.shape)}")
-    if len(window_size) != 3:
-        raise ValueError(f"window_size must be (T, H, W), got {window_size}")
-    if size_patch_testing % window_size[-1]:
-        raise ValueError(f"size_patch_testing={size_patch_testing} must be a multiple of the window size "
-                         f"{window_size[-1]}")
-    if nonblind_denoising and lq.shape[2] != 4:
-        raise ValueError(f"non-blind denoising expects 4 input channels (RGB + noise map), got {lq.shape[2]}")
-    if vfi and pad_seq:
-        raise ValueError("pad_seq is meaningless for frame interpolation (the network needs exactly its D frames)")
+    check_tiling_args(lq.shape, window_size=window_size, size_patch_testing=size_patch_testing,
+                      nonblind_denoising=nonblind_denoising, vfi=vfi, pad_seq=pad_seq)
     run = _Runner(net, device if device is not None else lq.device, autocast_dtype, window_size)
     nft = 0 if vfi else int(num_frame_testing)
     args = (scale, nft, int(num_frame_overlapping), int(size_patch_testing), int(overlap_size), vfi)

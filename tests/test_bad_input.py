@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import main_train_vrt
-from tests.helpers import write_opt
+from tests.support.helpers import write_opt
 
 
 def _snapshot(folder):

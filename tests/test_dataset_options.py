@@ -20,7 +20,7 @@ from data.dataset_video_train import (
     VideoRecurrentTrainVimeoDataset,
 )
 from data.select_dataset import DATASETS, define_Dataset, option_specs
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from utils.utils_option import OptionError, check_value, parse
 from utils.utils_option_schema import OPTIONAL, REQUIRED
 

@@ -21,7 +21,7 @@ from data.dataset_video_test import (
 )
 from data.dataset_video_train import VideoRecurrentTrainDataset
 from data.select_dataset import define_Dataset
-from tests.test_datasets_train import NFRAMES, item, lmdb_opt, make_reds, make_vimeo
+from tests.support.datasets import NFRAMES, item, lmdb_opt, make_reds, make_vimeo
 from utils.utils_option import OptionError
 from utils.utils_video import DataCheckError, ImageDecodeError
 
@@ -167,7 +167,7 @@ def test_unreadable_image_is_named(tmp_path):
 
 def test_video_file_dataset_through_the_registry(tmp_path):
     from data.dataset_video_file import write_video
-    from tests.video_helpers import FPS
+    from tests.support.video_helpers import FPS
 
     gt = torch.rand(3, 3, 16, 20, generator=torch.Generator().manual_seed(0))
     write_video(str(tmp_path / "gt" / "clip.mkv"), gt, fps=FPS)

@@ -35,7 +35,7 @@ from models.layers_warp import (
 )
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
-from tests.golden import deterministic_fill
+from tests.support.golden import deterministic_fill
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

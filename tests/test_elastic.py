@@ -27,7 +27,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import (
+from tests.support.helpers import (
     DIST_ENTRY,
     ROOT,
     TINY_OPT,

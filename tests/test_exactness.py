@@ -13,55 +13,20 @@ import sys
 import time
 
 import pytest
-import torch
 
-from tests.helpers import (
+from tests.support.helpers import (
     ROOT,
     RVRT_TINY_OPT,
     VRT_TINY_OPT,
     assert_ok,
+    assert_same_run,
     base_env,
+    models_dir,
     single,
     torchrun,
     write_opt,
 )
 from utils.utils_checkpoint import complete_steps
-
-LOSS_RE = re.compile(r"iter:\s+([\d,]+), lr:\S+> G_loss: (\S+)")
-
-
-def _models(tmp_path, task):
-    return os.path.join(tmp_path, "experiments", task, "models")
-
-
-def _losses(tmp_path, task) -> dict[int, str]:
-    """Logged loss per step (the text, so formatting is compared too), over all runs of the task."""
-    with open(os.path.join(tmp_path, "experiments", task, "train.log")) as f:
-        return {int(m.group(1).replace(",", "")): m.group(2) for m in LOSS_RE.finditer(f.read())}
-
-
-def _state(tmp_path, task, step) -> dict[str, dict[str, torch.Tensor]]:
-    """Weights, EMA and flattened optimizer state of a checkpoint."""
-    models = _models(tmp_path, task)
-    load = lambda name: torch.load(os.path.join(models, f"{step}_{name}.pth"), weights_only=True)  # noqa: E731
-    out = {"G": load("G")["params"]}
-    if os.path.isfile(os.path.join(models, f"{step}_E.pth")):
-        out["E"] = load("E")["params_ema"]
-    opt = load("optimizerG")
-    out["optimizer"] = {f"{i}.{k}": v for i, s in opt["state"].items() for k, v in s.items()
-                        if isinstance(v, torch.Tensor)}
-    return out
-
-
-def assert_same_run(tmp_path, task_a, task_b, step):
-    a, b = _state(tmp_path, task_a, step), _state(tmp_path, task_b, step)
-    assert a.keys() == b.keys()
-    for part in a:
-        assert a[part].keys() == b[part].keys(), part
-        diff = [k for k in a[part] if not torch.equal(a[part][k], b[part][k])]
-        worst = max((float((a[part][k].double() - b[part][k].double()).abs().max()) for k in diff), default=0.0)
-        assert not diff, f"{part} differs in {len(diff)} tensors (max |diff| {worst:.3g}), e.g. {diff[:3]}"
-    assert _losses(tmp_path, task_a) == _losses(tmp_path, task_b)
 
 
 def _run(tmp_path, opt, task, *sets, threads=2, nproc=1, extra=None, **env):
@@ -109,7 +74,7 @@ def test_vrt_resume_across_fix_iter_is_bit_identical(vrt_reference, tmp_path):
     ref_path, opt = vrt_reference
     first = _run(tmp_path, opt, "part", "train.total_iter=2")
     assert_ok(first)
-    assert complete_steps(_models(tmp_path, "part")) == [2]
+    assert complete_steps(models_dir(tmp_path, "part")) == [2]
     again = _run(tmp_path, opt, "part")
     assert_ok(again)
     assert "Resuming from step 2" in again.stdout and "not bit-exact" not in again.stdout
@@ -133,7 +98,7 @@ def test_sigterm_saves_the_current_step_and_the_rerun_continues_exactly(vrt_refe
     stopped = _run(tmp_path, opt, "term", TEST_SIGNAL_AT_STEP="3", TEST_SIGNAL="SIGTERM")
     assert_ok(stopped)
     assert "Stopped by SIGTERM at step 3: checkpoint saved" in stopped.stdout
-    assert complete_steps(_models(tmp_path, "term")) == [2, 3]
+    assert complete_steps(models_dir(tmp_path, "term")) == [2, 3]
     assert_ok(_run(tmp_path, opt, "term"))
     _copy_reference_log(ref_path, tmp_path, "term")
     assert_same_run(tmp_path, "ref", "term", 6)
@@ -143,7 +108,7 @@ def test_crashes_inside_the_real_checkpoint_write_resume_the_previous_complete_s
     """SIGKILL during torch.save of 4_G, between 4_G and 4_E, after the fsync of 4_state before its os.replace,
     and during torch.save of 6_optimizerG: each time the newest complete checkpoint is the one resumed."""
     ref_path, opt = vrt_reference
-    models = _models(tmp_path, "crash")
+    models = models_dir(tmp_path, "crash")
     for crash, resumed_from, complete in (("4:G:write", 0, [2]), ("4:E:before", 2, [2]),
                                           ("4:state:replace", 2, [2]), ("6:optimizerG:write", 2, [2, 4])):
         proc = _run(tmp_path, opt, "crash", TEST_CRASH_IN_SAVE=crash)
@@ -216,7 +181,7 @@ def test_preemption_through_the_launcher_saves_and_exits_zero(vrt_two_process_re
     assert code == 0, out[-3000:]
     stopped = re.search(rf"Stopped by {sig.name} at step (\d+): checkpoint saved", out)
     assert stopped, out[-3000:]
-    assert complete_steps(_models(tmp_path, "pre"))[-1] == int(stopped.group(1))
+    assert complete_steps(models_dir(tmp_path, "pre"))[-1] == int(stopped.group(1))
     if sig == signal.SIGTERM:  # the re-run through the launcher continues exactly
         root = os.path.join(tmp_path, "experiments")
         proc = subprocess.run(["bash", os.path.join(ROOT, "launch_train.sh"), opt, "--set", "task=pre",

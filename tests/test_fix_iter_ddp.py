@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from tests.helpers import assert_ok, base_env, load_params, reports, torchrun, write_opt
+from tests.support.helpers import assert_ok, base_env, load_params, reports, torchrun, write_opt
 
 TINY_VRT = {"net_type": "vrt", "upscale": 1, "img_size": [2, 64, 64], "window_size": [2, 8, 8],
             "depths": [1, 1, 1, 1, 1, 1, 1, 1, 1], "indep_reconsts": [8], "embed_dims": [8] * 7 + [12] * 2,

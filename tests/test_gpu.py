@@ -32,11 +32,8 @@ from models.model_zoo import TASKS
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
 from models.video_inference import infer_video
-from tests.golden import assert_grads_close, deterministic_fill
-from tests.helpers import RVRT_TINY_OPT, VRT_TINY_OPT, assert_ok, base_env, single, write_opt
-from tests.test_exactness import assert_same_run
-from tests.test_network_rvrt import GOLDEN as RVRT_GOLDEN
-from tests.test_network_vrt import GOLDEN as VRT_GOLDEN
+from tests.support.golden import RVRT_GOLDEN, VRT_GOLDEN, assert_grads_close, deterministic_fill
+from tests.support.helpers import RVRT_TINY_OPT, VRT_TINY_OPT, assert_ok, assert_same_run, base_env, single, write_opt
 from utils import utils_checkpoint as ckpt
 from utils import utils_numerics
 from utils.utils_dist import DistError, DistInfo, get_dist_info, init_dist

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import ROOT, base_env
+from tests.support.helpers import ROOT, base_env
 
 
 def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from tests.helpers import ROOT, base_env, write_opt
+from tests.support.helpers import ROOT, base_env, write_opt
 
 LAUNCH = os.path.join(ROOT, "launch_train.sh")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import os
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 PACKAGES = ("utils", "models", "data", "engine")
 ALLOWED = {
@@ -52,3 +52,19 @@ def test_the_check_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from models.network_vrt import VRT\n    import engine.train\n")
     assert _project_imports(str(bad)) == [(2, "models"), (3, "engine")]
+
+
+def test_tests_keep_support_code_apart():
+    """``tests/`` holds test modules only; helpers, fixture builders and process entry points live in
+    ``tests/support/`` (nothing there is collected, nothing in ``tests/`` is imported by another test module)."""
+    here = os.path.join(ROOT, "tests")
+    stray = [name for name in os.listdir(here) if name.endswith(".py")
+             and not (name.startswith("test_") or name in ("__init__.py", "conftest.py"))]
+    assert not stray, f"support code outside tests/support/: {stray}"
+    for name in os.listdir(here):
+        if name.startswith("test_") and name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(here, name), encoding="utf-8").read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests.test_"):
+                    raise AssertionError(f"tests/{name}:{node.lineno} imports another test module "
+                                         f"({node.module}); move what both need to tests/support/")

@@ -21,8 +21,8 @@ from engine import evaluate as utils_test
 from models.model_zoo import TASKS, TaskSpec
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
-from tests.helpers import ROOT, TINY_OPT, base_env
-from tests.video_helpers import FPS, audio_packets, write_sine
+from tests.support.helpers import ROOT, TINY_OPT, base_env
+from tests.support.video_helpers import FPS, audio_packets, write_sine
 from utils.utils_image import frame_metrics, imread_rgb, imwrite_rgb
 
 TINY_NET = {
@@ -223,3 +223,21 @@ def test_video_dataset_synthesises_noise_only_for_denoising(workspace) -> None:
     assert 0.05 < float((noisy["L"][:, :3] - noisy["H"]).std()) < 0.11
     plain = utils_test.build_test_set(args, _setup(None, sigma=20))[0]
     torch.testing.assert_close(plain["L"], plain["H"])
+
+
+def test_option_file_gives_the_denoising_sigma(tmp_path) -> None:
+    """With ``--opt``, a non-blind denoiser's noise level is the recipe's ``datasets.test.sigma`` unless ``--sigma``
+    says otherwise (a silent 0 would score a denoiser on clean input)."""
+    from models.select_network import define_G
+    from tests.support.helpers import VRT_TINY_OPT
+
+    opt = copy.deepcopy(VRT_TINY_OPT)
+    opt["datasets"]["test"] = {"name": "test", "dataset_type": "VideoRecurrentTestDataset", "dataroot_gt": "gt",
+                               "dataroot_lq": "gt", "sigma": 30}
+    opt["path"]["root"] = str(tmp_path)
+    (tmp_path / "opt.json").write_text(json.dumps(opt))
+    weights = tmp_path / "w.pth"
+    torch.save({"params": define_G(opt).state_dict()}, weights)
+    common = ["--opt", str(tmp_path / "opt.json"), "--model_path", str(weights)]
+    assert utils_test.setup_model(utils_test.build_parser().parse_args(common)).sigma == 30
+    assert utils_test.setup_model(utils_test.build_parser().parse_args([*common, "--sigma", "10"])).sigma == 10

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from models.network_rvrt import RVRT
-from tests.golden import assert_grads_close, assert_same_layout, deterministic_fill, shape_table
+from tests.support.golden import RVRT_GOLDEN as GOLDEN
+from tests.support.golden import assert_grads_close, assert_same_layout, deterministic_fill, shape_table
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'rvrt'
 TINY = dict(clip_size=2, window_size=(2, 4, 4), num_blocks=(1, 1, 1), depths=(2, 2, 2), embed_dims=(16, 16, 16),
@@ -33,16 +34,6 @@ def test_state_dict_keys_and_shapes_match_reference(name: str) -> None:
     assert_same_layout(RVRT, shape_table(FIXTURES)[name])
 
 
-# (output atol, gradient tolerance relative to the largest entry) per golden case: about 2-3x the largest error
-# measured against the reference run at one thread (in the comments). In fp64 ours and the reference agree to 1e-15
-# on every case, so these gaps are fp32 rounding (largest in the deformable offsets, SpyNet and the bias tables).
-GOLDEN = {
-    'sr': (5e-7, 6e-4),  # measured 1.8e-7, 2.9e-4 (reconstruction bias table)
-    'deblur': (4e-7, 5e-4),  # 1.2e-7, 2.0e-4 (spynet level 3)
-    'denoise': (4e-7, 3e-4),  # 1.2e-7, 1.2e-4 (offset conv, spynet)
-    # one clip of 3 frames at 133x133 (upscale 1): sizes the reference computes that a stricter check refused
-    'single_clip': (5e-7, 7e-4),  # 1.8e-7, 3.2e-4 (reconstruction bias table)
-}
 STATS_ATOL = 2e-7  # mean, mean |x| and loss: measured at most 6e-8
 
 

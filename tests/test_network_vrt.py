@@ -12,7 +12,8 @@ import torchvision
 
 from models.layers_deform_conv import DCNv2PackFlowGuided, deform_conv3x3_sampled
 from models.network_vrt import VRT
-from tests.golden import assert_grads_close, assert_same_layout, deterministic_fill, shape_table
+from tests.support.golden import VRT_GOLDEN as GOLDEN
+from tests.support.golden import assert_grads_close, assert_same_layout, deterministic_fill, shape_table
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'
 
@@ -20,21 +21,6 @@ FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 
-# (output atol, gradient tolerance relative to the largest entry) per golden case: about 2-3x the largest error
-# measured against the reference run at one thread (in the comments). The gradients of the deformable offset
-# branch and of SpyNet's coarse levels amplify fp32 rounding, hence their larger errors.
-GOLDEN = {
-    'sr_pa2': (2e-7, 4e-4),  # measured 6.0e-8, 1.5e-4 (spynet level 2)
-    'sr_pa4': (2e-7, 1e-3),  # 6.0e-8, 4.6e-4 (stage1 offset conv)
-    'sr_pa6': (2e-7, 6e-4),  # 6.0e-8, 2.6e-4 (spynet level 2)
-    'deblur': (2e-6, 6e-4),  # 8.3e-7, 2.7e-4 (stage1 offset conv)
-    'denoise': (2e-6, 2e-5),  # 6.0e-7, 6.9e-6
-    'vfi': (1e-6, 1e-5),  # 2.4e-7, 4.4e-6
-    # sizes the reference computes although a stage is below 8 x window (no mutual blocks there, or one frame)
-    'small_vfi': (1e-6, 1e-5),  # 2.4e-7, 3.5e-6: 32x32 with window 8, stage 4 without mutual blocks
-    'small_nomut': (1.5e-6, 2e-4),  # 4.8e-7, 6.9e-5 (spynet level 2): 40x40, no mutual blocks, window 8
-    'small_1frame': (4e-7, 1e-5),  # 1.2e-7, 3.3e-6: one frame (mul_attn_ratio 0), x2
-}
 TINY = {
     'depths': (2,) * 7 + (2, 1), 'embed_dims': (16,) * 7 + (24, 24), 'num_heads': (2,) * 9,
     'indep_reconsts': (8,), 'window_size': (2, 4, 4), 'drop_path_rate': 0.0, 'deformable_groups': 4,

@@ -13,7 +13,7 @@ import main_train_vrt
 from data.dataset_synthetic import SyntheticVideoTestDataset
 from engine import evaluate
 from models.select_network import NETWORKS
-from tests.helpers import write_opt
+from tests.support.helpers import write_opt
 from utils.utils_image import imwrite_rgb
 
 # the smallest netG of each registered network that runs on 36x36 LQ frames, x4

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from tests.helpers import ROOT, assert_ok, base_env, load_params, reports, single, torchrun, write_opt
+from tests.support.helpers import ROOT, assert_ok, base_env, load_params, reports, single, torchrun, write_opt
 from utils.utils_checkpoint import complete_steps
 
 

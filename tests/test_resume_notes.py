@@ -8,7 +8,7 @@ import os
 import torch
 
 from engine.resume import inexact_resume_reasons, run_descriptor
-from tests.helpers import assert_ok, base_env, single, write_opt
+from tests.support.helpers import assert_ok, base_env, single, write_opt
 from utils.utils_dist import DistInfo
 
 OPT = {"train": {"deterministic": True, "G_optimizer_lr": 1e-3, "total_iter": 10, "checkpoint_save": 5,

@@ -7,9 +7,9 @@ import math
 import os
 import sys
 
-from tests.helpers import ROOT, assert_ok, base_env, run
+from tests.support.helpers import ROOT, assert_ok, base_env, run
 
-WORKER = os.path.join(ROOT, 'tests', 'rvrt_ddp_worker.py')
+WORKER = os.path.join(ROOT, 'tests', 'support', 'rvrt_ddp_worker.py')
 
 
 def test_rvrt_ddp_two_processes(tmp_path) -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from tests.helpers import DIST_ENTRY, ROOT, _descendants, base_env, reports, write_opt
+from tests.support.helpers import DIST_ENTRY, ROOT, _descendants, base_env, reports, write_opt
 from utils.utils_checkpoint import complete_steps
 
 # Stub sbatch: runs the job right here, synchronously (SLURM's side of it: the job's variables, the batch shell, one
@@ -54,8 +54,8 @@ sys.exit(code)
 
 # Stub srun: SLURM_NTASKS tasks of the command as local processes with SLURM's task variables and one GPU id each
 # (--gpus-per-task=1 binding); SIGUSR1/SIGTERM/SIGINT are passed on to them, as srun does; --kill-on-bad-exit. The
-# training entry main_train_vrt.py is swapped for tests/dist_entry.py: the same main() plus the test's step gate and
-# per-rank reports.
+# training entry main_train_vrt.py is swapped for tests/support/dist_entry.py: the same main() plus the test's step
+# gate and per-rank reports.
 SRUN = '''
 import os, signal, subprocess, sys, time
 args = sys.argv[1:]

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import DIST_ENTRY, ROOT, base_env, load_params
+from tests.support.helpers import DIST_ENTRY, ROOT, base_env, load_params
 from utils.utils_checkpoint import complete_steps
 
 DEMO = os.path.join(ROOT, "options", "vrt", "000_train_vrt_demo.json")

@@ -9,7 +9,7 @@ import torch
 
 from models.layers_warp import flow_warp
 from models.network_spynet import SPYNET_URL, SpyNet
-from tests.golden import deterministic_fill
+from tests.support.golden import deterministic_fill
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'vrt'
 

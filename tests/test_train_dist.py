@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.helpers import (
+from tests.support.helpers import (
     DIST_ENTRY,
     assert_ok,
     base_env,

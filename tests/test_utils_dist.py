@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from tests.helpers import ROOT, base_env
+from tests.support.helpers import ROOT, base_env
 from utils import utils_dist
 from utils.utils_dist import DistError, first_slurm_host, world_info_from_env
 
@@ -151,8 +151,9 @@ def _attempt(agent_port: int, restart: int, delays: tuple[float, float]) -> list
         env = base_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(agent_port), TORCHELASTIC_USE_AGENT_STORE="True",
                        TORCHELASTIC_RESTART_COUNT=str(restart), TEST_START_DELAY=str(delay), TEST_TIMEOUT="30")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "attempt_worker.py")], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        worker = os.path.join(ROOT, "tests", "support", "attempt_worker.py")
+        procs.append(subprocess.Popen([sys.executable, worker], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
     try:
         return [p.communicate(timeout=60)[0] for p in procs]
     finally:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from data.dataset_video_file import VideoFileTestDataset, is_video_file, read_video, write_clip_video, write_video
-from tests.video_helpers import FPS, audio_info, audio_packets, moving_frames, write_sine
+from tests.support.video_helpers import FPS, audio_info, audio_packets, moving_frames, write_sine
 from utils.utils_image import calculate_psnr
 from utils.utils_video_file import VideoFileError, VideoReader, VideoWriter
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,9 +15,9 @@ from typing import Any
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DIST_ENTRY = os.path.join(ROOT, "tests", "dist_entry.py")
-TORCHRUN_ENTRY = os.path.join(ROOT, "tests", "torchrun_entry.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIST_ENTRY = os.path.join(ROOT, "tests", "support", "dist_entry.py")
+TORCHRUN_ENTRY = os.path.join(ROOT, "tests", "support", "torchrun_entry.py")
 
 TINY_OPT: dict[str, Any] = {
     "task": "tiny",
@@ -207,3 +208,42 @@ def reports(report_dir: str) -> list[dict[str, Any]]:
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
     tail = f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, f"exit {proc.returncode}\n{tail}"
+
+
+# ---------------------------------------------------------------------------------------- comparing two runs
+LOSS_RE = re.compile(r"iter:\s+([\d,]+), lr:\S+> G_loss: (\S+)")
+
+
+def models_dir(tmp_path, task):
+    return os.path.join(tmp_path, "experiments", task, "models")
+
+
+def logged_losses(tmp_path, task) -> dict[int, str]:
+    """Logged loss per step (the text, so formatting is compared too), over all runs of the task."""
+    with open(os.path.join(tmp_path, "experiments", task, "train.log")) as f:
+        return {int(m.group(1).replace(",", "")): m.group(2) for m in LOSS_RE.finditer(f.read())}
+
+
+def run_state(tmp_path, task, step) -> dict[str, dict[str, torch.Tensor]]:
+    """Weights, EMA and flattened optimizer state of a checkpoint."""
+    models = models_dir(tmp_path, task)
+    load = lambda name: torch.load(os.path.join(models, f"{step}_{name}.pth"), weights_only=True)  # noqa: E731
+    out = {"G": load("G")["params"]}
+    if os.path.isfile(os.path.join(models, f"{step}_E.pth")):
+        out["E"] = load("E")["params_ema"]
+    opt = load("optimizerG")
+    out["optimizer"] = {f"{i}.{k}": v for i, s in opt["state"].items() for k, v in s.items()
+                        if isinstance(v, torch.Tensor)}
+    return out
+
+
+def assert_same_run(tmp_path, task_a, task_b, step):
+    """Two runs' checkpoints at ``step`` (weights, EMA, optimizer state) and logged losses are bit-identical."""
+    a, b = run_state(tmp_path, task_a, step), run_state(tmp_path, task_b, step)
+    assert a.keys() == b.keys()
+    for part in a:
+        assert a[part].keys() == b[part].keys(), part
+        diff = [k for k in a[part] if not torch.equal(a[part][k], b[part][k])]
+        worst = max((float((a[part][k].double() - b[part][k].double()).abs().max()) for k in diff), default=0.0)
+        assert not diff, f"{part} differs in {len(diff)} tensors (max |diff| {worst:.3g}), e.g. {diff[:3]}"
+    assert logged_losses(tmp_path, task_a) == logged_losses(tmp_path, task_b)

@@ -1,6 +1,6 @@
 """Worker for tests/test_rvrt_ddp.py: a tiny RVRT trained a few Adam steps under DDP (gloo, CPU).
 
-Launched with ``python -m torch.distributed.run --standalone --nproc_per_node=2 tests/rvrt_ddp_worker.py OUT``.
+Launched with ``python -m torch.distributed.run --standalone --nproc_per_node=2 tests/support/rvrt_ddp_worker.py OUT``.
 Each rank sees different random data; rank 0 writes ``OUT`` (JSON) with every rank's parameter checksum,
 losses and how far the parameters moved.
 """

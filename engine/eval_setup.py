@@ -1,0 +1,218 @@
+"""What ``main_test_vrt.py`` runs: its command line, the network and test settings (from ``--task`` or ``--opt``),
+the test set, and the restoration of one test item at once.
+
+The flags are the official VRT ``main_test_vrt.py``'s and KAIR's ``main_test_rvrt.py``'s, plus ours (see
+:func:`build_parser`); :mod:`engine.evaluate` runs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from data import dataset_video_test as dvt
+from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos
+from data.frame_sources import sigma_map
+from engine.options import parse_options
+from models.model_zoo import TASKS, testset_url
+from models.select_network import define_G, define_network, is_frame_interpolation
+from models.video_inference import infer_video
+from utils import utils_checkpoint
+from utils.utils_numerics import AMP_DTYPES
+
+logger = logging.getLogger(__name__)
+
+VIMEO_META = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "meta_info",
+                          "meta_info_Vimeo90K_test_GT.txt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface (the official flags first)."""
+    p = argparse.ArgumentParser(description="Test VRT/RVRT: released models (--task) or our checkpoints (--opt).")
+    p.add_argument("--task", type=str, default="001_VRT_videosr_bi_REDS_6frames",
+                   help=f"released model: {', '.join(TASKS)}")
+    p.add_argument("--sigma", type=int, default=None,
+                   help="noise level (0-255) for denoising (default: 50 for --task, datasets.test.sigma of --opt)")
+    p.add_argument("--folder_lq", type=str, default="testsets/REDS4/sharp_bicubic",
+                   help="LQ frames (one sub-folder per clip), a video file or a folder of video files")
+    p.add_argument("--folder_gt", type=str, default=None, help="ground truth, laid out like --folder_lq")
+    p.add_argument("--tile", type=int, nargs="+", default=None,
+                   help="frames, height, width of a tile; 0 = no tiling (default: the task's README setting)")
+    p.add_argument("--tile_overlap", type=int, nargs="+", default=None, help="overlap of tiles (default 2 20 20)")
+    p.add_argument("--num_workers", type=int, default=16, help="data-loading workers")
+    p.add_argument("--save_result", action="store_true", help="write PNG frames to results/<task>/<clip>/")
+    p.add_argument("--model_path", type=str, default=None,
+                   help="weights file (default: model_zoo/{vrt,rvrt}/<task>.pth, or the newest checkpoint of --opt)")
+    p.add_argument("--opt", type=str, default=None, help="a KAIR-format option file: build the net from its netG")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override keys of --opt, as in main_train_vrt.py (e.g. task=other val.overlap_size=32)")
+    p.add_argument("--device", type=str, default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument("--amp", choices=sorted(AMP_DTYPES), default="none", help="autocast dtype for inference")
+    p.add_argument("--save_video", action="store_true",
+                   help="also write each clip as a video, <save_dir>/<clip>.mp4 by default (see --video_codec), "
+                        "with the input video's frame rate and audio")
+    p.add_argument("--video_codec", choices=("h264", "h265", "ffv1", "png"), default="h264",
+                   help="--save_video codec: h264 (.mp4, plays everywhere), h265 (.mp4, about half the size), ffv1 "
+                        "(.mkv, lossless) or png (.mov, lossless)")
+    p.add_argument("--video_crf", type=int, default=None,
+                   help="--save_video quality of h264/h265, 0-51, lower is better (default 18 for h264, 20 for h265)")
+    p.add_argument("--save_dir", type=str, default=None, help="output folder (default: results/<task>)")
+    p.add_argument("--segment_frames", type=int, default=100,
+                   help="cut clips into segments of about this many frames (cut at temporal tile ends): the unit of "
+                        "resuming and of sharing a long video over processes")
+    p.add_argument("--no_resume", action="store_true",
+                   help="restore everything again, ignoring the complete segments recorded in <save_dir>/.eval_state")
+    return p
+
+
+@dataclass
+class TestSetup:
+    """A ready network and how to run it (from ``--task`` or from ``--opt``)."""
+
+    name: str
+    net: nn.Module
+    scale: int
+    window_size: tuple[int, int, int]
+    tile: tuple[int, int]
+    tile_overlap: tuple[int, int]
+    nonblind_denoising: bool
+    vfi: bool
+    vimeo_mirror: bool
+    sigma: int
+    model_path: str = ""
+    pad_seq: bool = False
+    flip_seq: bool = False
+    center_frame_only: bool = False
+
+
+def _two(values: list[int] | None, default: tuple[int, ...], flag: str) -> tuple[int, int]:
+    values = list(default) if values is None else values
+    if len(values) < 2 or any(v < 0 for v in values):
+        raise ValueError(f"{flag} needs non-negative (frames, height[, width]) values, got {values}")
+    if len(values) > 2 and values[2] != values[1]:
+        logger.warning("%s: the width value %d is ignored (height and width share %d, as in the official script)",
+                       flag, values[2], values[1])
+    return int(values[0]), int(values[1])
+
+
+def setup_model(args: argparse.Namespace) -> TestSetup:
+    """Build the network, load its weights and resolve the test settings.
+
+    Raises:
+        ModelZooError: the released weight file is missing (the message gives its URL).
+        utils_checkpoint.CheckpointError: a checkpoint that cannot be read or does not fit the network.
+    """
+    if args.opt:
+        opt = parse_options(args.opt, args.set, is_train=False)
+        net = define_G(opt)
+        net_opt, val = opt["netG"], opt["val"]
+        name = opt["task"]
+        path = args.model_path or _newest_checkpoint(opt)
+        window = net.input_multiple
+        default_tile = (val["num_frame_testing"], val["size_patch_testing"])
+        default_overlap = (val["num_frame_overlapping"], val["overlap_size"])
+        scale = opt["scale"]
+        nonblind = bool(net_opt.get("nonblind_denoising"))
+        vfi = is_frame_interpolation(net_opt)
+        # a denoising recipe's noise level is its test set's (KAIR: datasets.test.sigma)
+        mirror, sigma = False, int((opt.get("datasets", {}).get("test") or {}).get("sigma") or 0)
+        val_rules = {k: bool(val[k]) for k in ("pad_seq", "flip_seq", "center_frame_only")}
+    else:
+        if args.task not in TASKS:
+            raise ValueError(f"--task {args.task!r} is unknown; choose one of: {', '.join(TASKS)} "
+                             "(or give --opt for a model of your own)")
+        spec = TASKS[args.task]
+        path = args.model_path or spec.default_model_path
+        spec.check_model_file(path)
+        net = define_network(spec.net_type, spec.net_kwargs())
+        name, window, scale = spec.name, spec.window_size, spec.scale
+        default_tile, default_overlap = spec.tile, spec.tile_overlap
+        nonblind, vfi, mirror, sigma = spec.nonblind_denoising, spec.vfi, spec.vimeo_mirror, spec.default_sigma
+        val_rules = {}
+    logger.info("loading model from %s", path)
+    utils_checkpoint.load_network(net, path, param_key="params", strict=True)
+    return TestSetup(name=name, net=net.eval(), scale=scale, window_size=tuple(int(v) for v in window),
+                     tile=_two(args.tile, default_tile, "--tile"),
+                     tile_overlap=_two(args.tile_overlap, default_overlap, "--tile_overlap"),
+                     nonblind_denoising=nonblind, vfi=vfi, vimeo_mirror=mirror,
+                     sigma=int(args.sigma if args.sigma is not None else sigma), model_path=path, **val_rules)
+
+
+def _newest_checkpoint(opt: dict[str, Any]) -> str:
+    """The ``{step}_G.pth`` of the highest step in the experiment's ``models/`` folder."""
+    models_dir = opt["path"]["models"]
+    steps = [int(m.group(1)) for m in (re.fullmatch(r"(\d+)_G\.pth", f) for f in _listdir(models_dir)) if m]
+    if not steps:
+        raise utils_checkpoint.CheckpointError(f"no {{step}}_G.pth checkpoint in {models_dir}; pass --model_path")
+    return os.path.join(models_dir, f"{max(steps)}_G.pth")
+
+
+def _listdir(path: str) -> list[str]:
+    return os.listdir(path) if os.path.isdir(path) else []
+
+
+def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
+    """The official script's dataset choice, plus video files."""
+    lq, gt = args.folder_lq, args.folder_gt
+    if not os.path.exists(lq):
+        hint = ""
+        if not args.opt and args.task in TASKS:
+            hint = " Test sets of the official release: " + ", ".join(
+                testset_url(n) for n in TASKS[args.task].test_sets)
+        raise FileNotFoundError(f"--folder_lq {lq} does not exist (nothing is downloaded at run time).{hint}")
+    sigma = setup.sigma if setup.nonblind_denoising else 0  # noise is only synthesised for denoising models
+    if is_video_file(lq) or (os.path.isdir(lq) and list_videos(lq)):
+        return VideoFileTestDataset({"dataroot_lq": lq, "dataroot_gt": gt, "sigma": sigma})
+    common = {"dataroot_gt": gt, "dataroot_lq": lq, "sigma": sigma, "num_frame": -1, "cache_data": False}
+    if "vimeo" in lq.lower():
+        vimeo = {"meta_info_file": VIMEO_META, "num_frame": 7, "cache_data": False, "dataroot_gt": gt}
+        if setup.vfi:
+            return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": gt, "pad_sequence": False,
+                                                 "temporal_scale": 2})
+        if setup.vimeo_mirror:
+            return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "mirror_sequence": True})
+        return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "pad_sequence": True, "temporal_scale": 1})
+    if setup.vfi:
+        for key, cls_name in (("davis", "VFI_DAVIS"), ("ucf101", "VFI_UCF101"), ("vid4", "VFI_Vid4")):
+            if key in lq.lower():
+                return getattr(dvt, cls_name)(data_root=gt)
+    if gt is not None:
+        return dvt.VideoRecurrentTestDataset(common)
+    return dvt.SingleVideoRecurrentTestDataset(common)
+
+
+def restore_clip(setup: TestSetup, item: dict[str, Any], device: torch.device,
+                 amp: torch.dtype | None, vimeo: bool) -> torch.Tensor:
+    """Restore one test item: ``(D', 3, H, W)`` float32 on the CPU (the frames the official script scores)."""
+    lq = item["L"]
+    if setup.nonblind_denoising and lq.shape[1] == 3:  # already-noisy input: add the sigma map
+        lq = sigma_map(lq, setup.sigma / 255.0)
+    lq = lq[None]
+    out = infer_video(setup.net, lq, **tiling_kwargs(setup, rules=not vimeo), device=device, autocast_dtype=amp)
+    if setup.vfi:
+        out = out[:, :1]
+    elif vimeo and setup.vimeo_mirror:
+        out = (out[:, 3:4] + out[:, 10:11]) / 2
+    elif vimeo:
+        out = out[:, 3:4]
+    return out[0]
+
+
+
+
+def tiling_kwargs(setup: TestSetup, rules: bool = True) -> dict[str, Any]:
+    """The tiling keyword arguments of ``infer_video``/``stream_video``; ``rules``: apply the option file's
+    ``val.pad_seq``/``flip_seq``/``center_frame_only`` (not to Vimeo-90K-T items, which have their own)."""
+    return {"scale": setup.scale, "window_size": setup.window_size, "num_frame_testing": setup.tile[0],
+            "num_frame_overlapping": setup.tile_overlap[0], "size_patch_testing": setup.tile[1],
+            "overlap_size": setup.tile_overlap[1], "nonblind_denoising": setup.nonblind_denoising, "vfi": setup.vfi,
+            "pad_seq": setup.pad_seq and rules, "flip_seq": setup.flip_seq and rules,
+            "center_frame_only": setup.center_frame_only and rules}
