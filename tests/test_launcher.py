@@ -31,3 +31,19 @@ def test_a_user_error_in_a_one_process_launch_is_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines == ["error: unknown option 'train.total_itr'; did you mean 'total_iter'?"], proc.stderr
     assert "torch.distributed" not in proc.stdout + proc.stderr
+
+
+def test_oversubscribed_cpu_workers_get_a_passive_wait_policy():
+    """More OpenMP threads than cores over the CPU workers: the launcher makes waiting threads sleep (spinning ones
+    starved the other process: 20-100x slower steps measured); a GPU run, or one that fits, is left alone."""
+    from utils.utils_launch import cpu_threads_oversubscribed as over
+
+    script = ["main_train_vrt.py", "--opt", "o.json"]
+    assert over(["--standalone", "--nproc_per_node=2", *script], {"OMP_NUM_THREADS": "2"}, 2, False) == (2, 2)
+    assert over(["--nproc-per-node", "4", *script], {"OMP_NUM_THREADS": "3"}, 8, False) == (4, 3)
+    assert over(["--nproc_per_node=2", *script], {}, 2, False) is None  # torchrun's default: 1 thread each
+    assert over(["--nproc_per_node=1", *script], {}, 2, False) is None  # one process takes every core
+    assert over(["--nproc_per_node=1", *script], {"OMP_NUM_THREADS": "4"}, 2, False) == (1, 4)
+    assert over(["--nproc_per_node=2", *script], {"OMP_NUM_THREADS": "2"}, 4, False) is None
+    assert over(["--nproc_per_node=2", *script], {"OMP_NUM_THREADS": "2"}, 2, True) is None  # GPU workers
+    assert over(["--nproc_per_node=auto", *script], {"OMP_NUM_THREADS": "2"}, 2, False) is None

@@ -17,6 +17,11 @@ agent that was group rank 0 before keeps its old bootstrap address and does not 
 agent that joins later waits for it until the store times out (seen with torch 2.14:
 ``DynamicRendezvousHandler.next_rendezvous`` builds the address only on an agent's first round or when it becomes
 rank 0); without it, rank 0 publishes a fresh address every round.
+
+On the CPU, when the workers would run more OpenMP threads than the machine has cores (processes x
+``OMP_NUM_THREADS`` > cores), the workers get ``OMP_WAIT_POLICY=PASSIVE`` (unless set): OpenMP threads that spin
+while they wait starve the other processes' threads, and gloo's collectives then wait on them (a tiny VRT on 2 cores,
+2 processes x 2 threads: 0.2-0.6 s per step passive, 3.7-60 s spinning; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import signal
 import sys
 from types import FrameType
 
+import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.run import get_args_parser
 from torch.distributed.run import main as torchrun_main
@@ -36,6 +42,7 @@ logger = logging.getLogger(__name__)
 FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
 STOP_ENV = "VRT_STOP_REQUESTED"  # read by the training loop (engine) of workers started after a stop request
 SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
 
 def joinable_rendezvous(argv: list[str]) -> bool:
@@ -81,6 +88,31 @@ class _Forwarder:
                 pass
 
 
+def cpu_threads_oversubscribed(argv: list[str], env: dict[str, str], cpus: int, cuda: bool) -> tuple[int, int] | None:
+    """``(processes, threads per process)`` when CPU workers of this launch would run more threads than ``cpus``.
+
+    Args:
+        argv: torchrun's arguments (``--nproc_per_node`` as a number; ``auto``/``gpu`` are not judged).
+        env: the environment the workers inherit (``OMP_NUM_THREADS``; torchrun sets 1 when it is unset and there
+            are several processes).
+        cpus: the cores this process may run on.
+        cuda: whether the workers train on a GPU (then their CPU threads mostly wait on it: not judged).
+    """
+    if cuda:
+        return None
+    nproc = next((a.split("=", 1)[1] for a in argv if a.startswith("--nproc_per_node=") or
+                  a.startswith("--nproc-per-node=")), None)
+    if nproc is None:
+        flags = [i for i, a in enumerate(argv) if a in ("--nproc_per_node", "--nproc-per-node")]
+        nproc = argv[flags[0] + 1] if flags and flags[0] + 1 < len(argv) else "1"
+    if not nproc.isdigit():
+        return None
+    processes = int(nproc)
+    threads = env.get("OMP_NUM_THREADS", "")
+    per_process = int(threads) if threads.isdigit() else (1 if processes > 1 else cpus)
+    return (processes, per_process) if processes * per_process > cpus else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # torchrun (re-)installs its handlers at every worker start; keep it away from the signals we take over
@@ -90,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"
     if SHARED_STORE_ENV not in os.environ and joinable_rendezvous(argv):
         os.environ[SHARED_STORE_ENV] = "1"  # see the module docstring
+    if WAIT_POLICY_ENV not in os.environ:
+        cuda = os.environ.get("VRT_DEVICE") != "cpu" and torch.cuda.is_available()
+        found = cpu_threads_oversubscribed(argv, dict(os.environ), len(os.sched_getaffinity(0)), cuda)
+        if found is not None:
+            os.environ[WAIT_POLICY_ENV] = "PASSIVE"  # see the module docstring
+            logger.warning("%d processes x %d threads on %d cores: the workers get OMP_WAIT_POLICY=PASSIVE so that "
+                           "waiting threads do not starve the other processes", *found,
+                           len(os.sched_getaffinity(0)))
     forwarder = _Forwarder()
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forwarder)
