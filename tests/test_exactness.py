@@ -41,8 +41,9 @@ def _run(tmp_path, opt, task, *sets, threads=2, nproc=1, extra=None, **env):
 # ----------------------------------------------------------------------------------------------------------------
 # the same command twice
 # ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("threads, workers, nproc", [(1, 0, 1), (2, 2, 1), (None, 2, 2)],
-                         ids=["1thread-0workers-1proc", "2threads-2workers-1proc", "default-threads-2workers-2procs"])
+@pytest.mark.parametrize("threads, workers, nproc", [(1, 0, 1), (2, 2, 1), (2, 1, 2), (None, 2, 2)],
+                         ids=["1thread-0workers-1proc", "2threads-2workers-1proc", "2threads-1worker-2procs",
+                              "default-threads-2workers-2procs"])
 def test_the_same_command_twice_is_bit_identical(tmp_path, threads, workers, nproc):
     opt = write_opt(tmp_path, base=VRT_TINY_OPT, train={"total_iter": 4, "checkpoint_save": 4, "grad_accum_steps": 1},
                     datasets={"train": {"dataloader_num_workers": workers}})
