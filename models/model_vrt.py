@@ -74,7 +74,7 @@ class ModelVRT(ModelPlain):
     # ----- tiled inference
     def infer(self, lq: torch.Tensor) -> torch.Tensor:
         """Tiled inference of a whole clip with the ``val`` options (see :meth:`ModelBase.infer`); tiles move to
-        the training device, the output is assembled on the CPU."""
+        the training device (each temporal clip blended there), the output is assembled on the CPU."""
         val = self.opt["val"]
         net_opt = self.opt["netG"]
         with evaluating(self.eval_network()) as net, torch.inference_mode():

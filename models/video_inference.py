@@ -8,8 +8,10 @@ script. A clip or frame that is not tiled is mirror-padded only up to the next w
 ``(ws - d % ws) % ws`` (nothing when it already fits), then cropped back.
 
 :func:`infer_video` takes the whole (already decoded) video and accumulates the output in float32 on the CPU, so
-device memory is bounded by one tile whatever the video length. :func:`models.video_stream.stream_video` applies the
-same rules to frames read one at a time and returns each output frame as soon as it is final, bit-identical.
+device memory is bounded by one tile whatever the video length (on a GPU each temporal clip goes there in one copy,
+its patches are blended there, and its output comes back in one copy). :func:`models.video_stream.stream_video`
+applies the same rules to frames read one at a time and returns each output frame as soon as it is final,
+bit-identical.
 
 Differences from the official script, all where it would crash or be wrong:
 
@@ -158,6 +160,8 @@ class _Runner:
 def _infer_clip(run: _Runner, lq: Tensor, scale: int, size_patch: int, overlap: int) -> Tensor:
     """One clip, whole or in spatial patches. ``lq``: (B, D, C, h, w); returns (B, D', 3, h*scale, w*scale) where
     the runner leaves its outputs (the patches are blended there)."""
+    if run.keep_on_device and lq.device.type == "cpu":  # one copy per clip; the patches are cut on the device
+        lq = lq.pin_memory().to(run.device, non_blocking=True) if run.device.type == "cuda" else lq.to(run.device)
     if not size_patch:
         return run.padded(lq, scale)
     h, w = lq.shape[-2:]
@@ -180,13 +184,13 @@ def _infer_frames(run: _Runner, lq: Tensor, scale: int, nft: int, nfo: int, size
     """The whole (already pad/flip-extended) sequence, in temporal clips or at once."""
     d = lq.shape[1]
     if vfi:
-        return _infer_clip(run, lq, scale, size_patch, overlap)
+        return _infer_clip(run, lq, scale, size_patch, overlap).cpu()
     if not nft:
         lq, d = pad_to_window(lq, 1, run.window_size[0])
-        return _infer_clip(run, lq, scale, size_patch, overlap)[:, :d]
+        return _infer_clip(run, lq, scale, size_patch, overlap)[:, :d].cpu()
     out = count = None
     for d0 in tile_starts(d, nft, nfo):
-        clip = _infer_clip(run, lq[:, d0: d0 + nft], scale, size_patch, overlap)
+        clip = _infer_clip(run, lq[:, d0: d0 + nft], scale, size_patch, overlap).cpu()
         if out is None:
             out = torch.zeros(clip.shape[0], d, *clip.shape[2:])
             count = torch.zeros(1, d, 1, 1, 1)
@@ -232,7 +236,9 @@ def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, wind
     """
     check_tiling_args(lq.shape, window_size=window_size, size_patch_testing=size_patch_testing,
                       nonblind_denoising=nonblind_denoising, vfi=vfi, pad_seq=pad_seq)
-    run = _Runner(net, device if device is not None else lq.device, autocast_dtype, window_size)
+    device = device if device is not None else lq.device
+    # on a GPU, a clip's patches are blended there and its output copied back once (not once per patch)
+    run = _Runner(net, device, autocast_dtype, window_size, keep_on_device=device.type == "cuda")
     nft = 0 if vfi else int(num_frame_testing)
     args = (scale, nft, int(num_frame_overlapping), int(size_patch_testing), int(overlap_size), vfi)
     with torch.no_grad():
