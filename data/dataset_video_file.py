@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from data.dataset_options import RGB_CHANNELS, resolve_options
-from data.frame_sources import NOISE_OPTIONS, NoisyFrames, add_noise
+from data.frame_sources import NOISE_OPTIONS, NoisyFrames, add_noise, sigma_map
 from utils.utils_option_schema import OPT_STR, REQUIRED, Opt
 from utils.utils_video_file import CODECS, VideoFileError, VideoReader, VideoWriter
 
@@ -69,11 +69,13 @@ class VideoFrames:
     Args:
         path: the video file.
         num_frames: its frame count when already known (else read from the container on first use).
+        sigma: when non-zero, append the constant noise-level map (non-blind denoising of already noisy frames).
     """
 
-    def __init__(self, path: str, num_frames: int | None = None) -> None:
+    def __init__(self, path: str, num_frames: int | None = None, sigma: float = 0.0) -> None:
         self.path = self.name = path
         self._num_frames = num_frames
+        self.sigma = sigma
 
     def __len__(self) -> int:
         if self._num_frames is None:
@@ -83,7 +85,8 @@ class VideoFrames:
 
     def frames(self, start: int = 0) -> Iterator[torch.Tensor]:
         """Frames ``start, start + 1, ...`` as ``(3, H, W)`` float32 RGB in [0, 1] (the values of
-        :func:`read_video`); the frames before ``start`` are decoded but not converted.
+        :func:`read_video`; ``(4, H, W)`` with ``sigma``); the frames before ``start`` are decoded but not
+        converted.
 
         Raises:
             VideoFileError: the file cannot be decoded (named).
@@ -92,7 +95,8 @@ class VideoFrames:
             for frame in reader.frames(start):
                 out = torch.empty(3, *frame.shape[:2])  # (3, H, W) contiguous, converted in one pass, as read_video
                 out.copy_(torch.from_numpy(frame).permute(2, 0, 1))
-                yield out.div_(255.0)
+                out.div_(255.0)
+                yield sigma_map(out[None], self.sigma)[0] if self.sigma else out
 
 
 def _decode(reader: VideoReader) -> torch.Tensor:
@@ -177,7 +181,8 @@ class VideoFileTestDataset(Dataset):
     Args:
         opt: the keys of :attr:`OPTIONS` (plus the common dataset keys); not modified. With GT and ``sigma > 0``
             the input is GT plus Gaussian noise (seed ``noise_seed``) with the sigma map as a 4th channel, like
-            ``VideoRecurrentTestDataset``.
+            ``VideoRecurrentTestDataset``; without GT the LQ frames are taken as noisy and the map appended, like
+            ``SingleVideoRecurrentTestDataset``.
 
     Raises:
         utils.utils_option.OptionError: an unknown key or a wrong type.
@@ -235,6 +240,8 @@ class VideoFileTestDataset(Dataset):
             item["H"] = gt
             if self.sigma:
                 lq = add_noise(gt, self.sigma, seed=self.noise_seed)
+        elif self.sigma:  # already noisy frames: the noise-level map only
+            lq = sigma_map(lq, self.sigma)
         item["L"] = lq
         names = [f"{i:08d}" for i in range(lq.shape[0])]
         item["lq_path"] = [os.path.join(stem, n) for n in names]
@@ -251,7 +258,7 @@ class VideoFileTestDataset(Dataset):
         lq_file, gt_file = self.lq_files[index], self.gt_files[index]
         stem = os.path.splitext(os.path.basename(lq_file))[0]
         with VideoReader(lq_file) as reader:
-            lq: Any = VideoFrames(lq_file, reader.num_frames)
+            lq: Any = VideoFrames(lq_file, reader.num_frames, sigma=0.0 if gt_file else self.sigma)
             item: dict[str, Any] = {"folder": stem, "fps": reader.fps, "has_audio": reader.has_audio,
                                     "video_path": lq_file}
         if gt_file is not None:

@@ -1,7 +1,7 @@
 """Frame sources: the frames of one test clip, read one at a time, with ``len()`` and ``frames(start)``.
 
 :class:`FolderFrames` reads a clip folder, :class:`NoisyFrames` synthesises non-blind denoising input from GT frame
-by frame, :class:`SigmaMapped` appends the noise-level map to already-noisy frames; ``add_noise`` and ``sigma_map``
+by frame; ``add_noise`` and ``sigma_map``
 are the whole-clip forms they equal bit for bit. The test datasets hand them out as lazy items, and
 :func:`models.video_stream.stream_video` consumes them.
 """
@@ -18,7 +18,7 @@ from data.dataset_options import at_least
 from utils.utils_option_schema import NUM, Opt
 from utils.utils_video import DataCheckError, read_img_seq
 
-__all__ = ["NOISE_OPTIONS", "FolderFrames", "NoisyFrames", "SigmaMapped", "add_noise", "sigma_map"]
+__all__ = ["NOISE_OPTIONS", "FolderFrames", "NoisyFrames", "add_noise", "sigma_map"]
 
 NOISE_OPTIONS: dict[str, Opt] = {
     "sigma": Opt(NUM, 0, "Non-blind denoising: the input is GT plus Gaussian noise of this std ([0, 255] scale), "
@@ -144,23 +144,3 @@ class NoisyFrames:
         while chunk * per_frame < 16:
             chunk *= 2
         return chunk
-
-
-class SigmaMapped:
-    """Already-noisy frames (a frame source) with the constant noise-level map appended: ``(4, H, W)`` frames.
-
-    Args:
-        source: the noisy frames, ``(3, H, W)`` (frames that already have 4 channels pass unchanged).
-        sigma: noise std on the [0, 1] scale.
-    """
-
-    def __init__(self, source: Any, sigma: float) -> None:
-        self.source, self.sigma, self.name = source, sigma, source.name
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def frames(self, start: int = 0) -> Iterator[torch.Tensor]:
-        """Frames ``start, start + 1, ...`` with the sigma map as channel 4."""
-        for frame in self.source.frames(start):
-            yield sigma_map(frame[None], self.sigma)[0] if frame.shape[0] == 3 else frame

@@ -43,7 +43,6 @@ class Segment:
         clip: index of the item in the test set.
         start, stop: output frames.
         part, parts: position of the segment in its clip, and the clip's number of segments.
-        weight: the work it stands for (output frames; 1 for a whole item).
     """
 
     clip: int
@@ -51,7 +50,11 @@ class Segment:
     stop: int | None
     part: int
     parts: int
-    weight: int
+
+    @property
+    def weight(self) -> int:
+        """The work it stands for: output frames (1 for a whole item)."""
+        return 1 if self.stop is None else self.stop - self.start
 
     @property
     def key(self) -> str:

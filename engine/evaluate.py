@@ -31,7 +31,6 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
 
 from data.dataset_video_file import clip_video_writer, write_clip_video
-from data.frame_sources import SigmaMapped
 from engine import eval_jobs
 from engine.eval_jobs import ResultStore, Segment
 from engine.eval_setup import (
@@ -127,13 +126,13 @@ def _prepare(args: argparse.Namespace) -> _Run:
     tiling = tiling_kwargs(setup)
     for clip in clips:
         if clip.lazy is None:
-            clip.segments = [Segment(clip.index, 0, None, 0, 1, 1)]
+            clip.segments = [Segment(clip.index, 0, None, 0, 1)]
             continue
         bounds = segment_bounds(clip.frames, target, num_frame_testing=tiling["num_frame_testing"],
                                 num_frame_overlapping=tiling["num_frame_overlapping"], pad_seq=tiling["pad_seq"],
                                 vfi=tiling["vfi"], flip_seq=tiling["flip_seq"],
                                 center_frame_only=tiling["center_frame_only"])
-        clip.segments = [Segment(clip.index, a, b, i, len(bounds), b - a) for i, (a, b) in enumerate(bounds)]
+        clip.segments = [Segment(clip.index, a, b, i, len(bounds)) for i, (a, b) in enumerate(bounds)]
     settings = {"name": setup.name, "weights": eval_jobs.file_identity(setup.model_path),
                 "net": type(setup.net).__name__, "opt": os.path.abspath(args.opt) if args.opt else None,
                 "set": args.set, "tiling": tiling, "sigma": setup.sigma, "vimeo_mirror": setup.vimeo_mirror,
@@ -284,8 +283,6 @@ def _restore_stream(ctx: _Run, clip: _Clip, segments: list[Segment]) -> None:
     setup, item = ctx.setup, clip.lazy
     assert item is not None
     lq = item["L"]
-    if setup.nonblind_denoising:
-        lq = SigmaMapped(lq, setup.sigma / 255.0)
     tiling = tiling_kwargs(setup)
     depth = max(int(tiling["num_frame_testing"]), 4)
     start, stop = segments[0].start, segments[-1].stop

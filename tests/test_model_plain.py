@@ -12,22 +12,14 @@ from models import model_base, select_network
 from models.loss import CharbonnierLoss, SSIMLoss, define_loss
 from models.model_plain import ModelPlain, NonFiniteLossError
 from models.model_vrt import ModelVRT
+from tests.support.helpers import BNNet
 from utils.utils_dist import DistInfo
 from utils.utils_option import OptionError, parse
 
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 
-class _BNNet(nn.Module):
-    def __init__(self, upscale: int = 1) -> None:
-        super().__init__()
-        self.conv_first = nn.Conv3d(3, 4, 1)
-        self.bn = nn.BatchNorm3d(4)
-        self.conv_last = nn.Conv3d(4, 3, 1)
 
-    def forward(self, x):
-        y = self.conv_last(self.bn(self.conv_first(x.transpose(1, 2)))).transpose(1, 2)
-        return x + y
 
 
 def _opt(tmp_path, net=None, **train):
@@ -39,7 +31,7 @@ def _opt(tmp_path, net=None, **train):
 
 @pytest.fixture(autouse=True)
 def _register(monkeypatch):
-    monkeypatch.setitem(select_network.NETWORKS, "bnnet", _BNNet)
+    monkeypatch.setitem(select_network.NETWORKS, "bnnet", BNNet)
 
 
 def _model(tmp_path, cls=ModelPlain, net=None, **train):

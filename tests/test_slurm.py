@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from tests.support.helpers import DIST_ENTRY, ROOT, _descendants, base_env, reports, write_opt
+from tests.support.helpers import DIST_ENTRY, ROOT, base_env, kill_tree, reports, write_opt
 from utils.utils_checkpoint import complete_steps
 
 # Stub sbatch: runs the job right here, synchronously (SLURM's side of it: the job's variables, the batch shell, one
@@ -136,14 +136,6 @@ def _output(proc) -> str:
     return proc.stdout.read()[-4000:]
 
 
-def _kill_tree(proc) -> None:
-    for pid in [proc.pid, *_descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def test_sbatch_saves_requeues_on_the_time_limit_warning_and_the_requeued_job_resumes(tmp_path):
     bin_dir, stub = _stubs(tmp_path), tmp_path / "stub"
     stub.mkdir()
@@ -167,7 +159,7 @@ def test_sbatch_saves_requeues_on_the_time_limit_warning_and_the_requeued_job_re
         gate.write_text("100")
         out = proc.communicate(timeout=180)[0]
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     assert proc.returncode == 0, out[-4000:]
     directives = json.loads((stub / "directives.json").read_text())
     assert directives["signal"] == "B:USR1@300" and "requeue" in directives

@@ -550,3 +550,16 @@ def test_stream_on_cuda_equals_infer_video_on_cuda() -> None:
     whole = infer_video(net, video[None], **kw)[0]
     assert _same_bits(_streamed(net, video, prefetch=4, **kw), whole)
     assert _same_bits(_streamed(net, video, start=3, stop=9, **kw), whole[3:9])
+
+
+def test_noisy_video_without_gt_gets_the_sigma_map(tmp_path) -> None:
+    """Non-blind denoising of an already noisy video (no GT): the dataset appends the noise-level map, read lazily
+    or whole, as the clip-folder sets do."""
+    video = torch.rand(3, 3, 8, 10, generator=torch.Generator().manual_seed(2))
+    write_video(str(tmp_path / "v" / "noisy.avi"), video, fps=25)
+    dataset = VideoFileTestDataset({"dataroot_lq": str(tmp_path / "v"), "sigma": 20})
+    item = dataset[0]
+    assert item["L"].shape == (3, 4, 8, 10) and "H" not in item
+    assert torch.equal(item["L"][:, 3], torch.full((3, 8, 10), 20 / 255))
+    assert torch.equal(item["L"][:, :3], read_video(str(tmp_path / "v" / "noisy.avi"))[0])
+    _lazy_equals_item(dataset)

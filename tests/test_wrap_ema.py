@@ -11,27 +11,14 @@ from torch import nn
 
 from models import model_base, select_network
 from models.model_plain import ModelPlain
+from tests.support.helpers import BNNet
 from utils.utils_dist import DistInfo
 from utils.utils_option import parse
 
 
-class _BNNet(nn.Module):
-    """A network with running statistics (BatchNorm) and an fp64 buffer next to the fp32 ones."""
-
-    def __init__(self, upscale: int = 1) -> None:
-        super().__init__()
-        self.conv_first = nn.Conv3d(3, 4, 1)
-        self.bn = nn.BatchNorm3d(4)
-        self.conv_last = nn.Conv3d(4, 3, 1)
-        self.register_buffer('table', torch.arange(6, dtype=torch.float64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv_last(self.bn(self.conv_first(x.transpose(1, 2)))).transpose(1, 2)
-
-
 @pytest.fixture(autouse=True)
 def _register(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(select_network.NETWORKS, 'bnnet', _BNNet)
+    monkeypatch.setitem(select_network.NETWORKS, 'bnnet', BNNet)
 
 
 def _model(tmp_path, net: dict, world_size: int = 1, **train) -> ModelPlain:

@@ -113,6 +113,20 @@ def cpu_threads_oversubscribed(argv: list[str], env: dict[str, str], cpus: int, 
     return (processes, per_process) if processes * per_process > cpus else None
 
 
+def passive_wait_when_oversubscribed(argv: list[str]) -> None:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` for the workers (unless set) when CPU workers would run more threads than
+    this machine has cores (see the module docstring), with one log line."""
+    if WAIT_POLICY_ENV in os.environ:
+        return
+    cpus = len(os.sched_getaffinity(0))
+    cuda = os.environ.get("VRT_DEVICE") != "cpu" and torch.cuda.is_available()
+    found = cpu_threads_oversubscribed(argv, dict(os.environ), cpus, cuda)
+    if found is not None:
+        os.environ[WAIT_POLICY_ENV] = "PASSIVE"
+        logger.warning("%d processes x %d threads on %d cores: the workers get OMP_WAIT_POLICY=PASSIVE so that "
+                       "waiting threads do not starve the other processes", *found, cpus)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # torchrun (re-)installs its handlers at every worker start; keep it away from the signals we take over
@@ -122,14 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"
     if SHARED_STORE_ENV not in os.environ and joinable_rendezvous(argv):
         os.environ[SHARED_STORE_ENV] = "1"  # see the module docstring
-    if WAIT_POLICY_ENV not in os.environ:
-        cuda = os.environ.get("VRT_DEVICE") != "cpu" and torch.cuda.is_available()
-        found = cpu_threads_oversubscribed(argv, dict(os.environ), len(os.sched_getaffinity(0)), cuda)
-        if found is not None:
-            os.environ[WAIT_POLICY_ENV] = "PASSIVE"  # see the module docstring
-            logger.warning("%d processes x %d threads on %d cores: the workers get OMP_WAIT_POLICY=PASSIVE so that "
-                           "waiting threads do not starve the other processes", *found,
-                           len(os.sched_getaffinity(0)))
+    passive_wait_when_oversubscribed(argv)
     forwarder = _Forwarder()
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forwarder)

@@ -14,10 +14,26 @@ import time
 from typing import Any
 
 import torch
+from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIST_ENTRY = os.path.join(ROOT, "tests", "support", "dist_entry.py")
 TORCHRUN_ENTRY = os.path.join(ROOT, "tests", "support", "torchrun_entry.py")
+
+
+class BNNet(nn.Module):
+    """A tiny network with running statistics (BatchNorm) and an fp64 buffer next to the fp32 ones."""
+
+    def __init__(self, upscale: int = 1) -> None:
+        super().__init__()
+        self.conv_first = nn.Conv3d(3, 4, 1)
+        self.bn = nn.BatchNorm3d(4)
+        self.conv_last = nn.Conv3d(4, 3, 1)
+        self.register_buffer('table', torch.arange(6, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv_last(self.bn(self.conv_first(x.transpose(1, 2)))).transpose(1, 2)
+
 
 TINY_OPT: dict[str, Any] = {
     "task": "tiny",
@@ -164,6 +180,12 @@ def run(cmd: list[str], env: dict[str, str], cwd: str, timeout: float = 240,
             _signal(pid, signal.SIGKILL)
         out, err = proc.communicate()
         return subprocess.CompletedProcess(cmd, -9, out, f"{err}\nTIMEOUT after {timeout:.0f} s: {' '.join(cmd)}")
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every process under it."""
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        _signal(pid, signal.SIGKILL)
 
 
 def _signal(pid: int, sig: int) -> None:
