@@ -93,24 +93,30 @@ class ModelPlain(ModelBase):
                 with self.autocast():
                     out = self.net_g_train(lq)
                     loss = self.lossfn_weight * self.lossfn(out.float(), gt.float())
-                self.check_finite(loss, step)
                 scaled = loss / len(batches)
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             losses.append(loss.detach())
+        self.log_dict["G_loss"] = self.check_finite(torch.stack(losses), step)
         self.optimizer_step()
-        self.log_dict["G_loss"] = float(torch.stack(losses).mean())
 
-    def check_finite(self, loss: torch.Tensor, step: int) -> None:
-        """Stop every rank when any rank's loss is NaN or infinite."""
-        flag = torch.isfinite(loss.detach()).all().to(torch.float64)
+    def check_finite(self, losses: torch.Tensor, step: int) -> float:
+        """Stop every rank, before the update, when any rank's loss is NaN or infinite; returns this rank's mean
+        loss. ``losses``: (n,) the step's micro-batch losses. Checked once per step, after the backward passes, so
+        the host waits for the device once per step rather than between each forward and backward."""
+        finite = torch.isfinite(losses).all().to(torch.float64)
+        mean = losses.mean().to(torch.float64)
         if utils_dist.is_dist():
-            flag = utils_dist.all_reduce_sum(flag) / utils_dist.get_world_size()
-        if float(flag) < 1.0:
+            ok, value = float(utils_dist.all_reduce_sum(finite) / utils_dist.get_world_size()), float(mean)
+        else:
+            ok, value = torch.stack([finite, mean]).tolist()
+        if ok < 1.0:
+            bad = losses[~torch.isfinite(losses)]
             last = ckpt.latest_complete_step(self.models_dir)
             where = f"step {last} in {self.models_dir}" if last else "none saved yet"
-            raise NonFiniteLossError(f"non-finite loss ({float(loss.detach()):.4g}) at step {step}; the last complete "
-                                     f"checkpoint is {where} and is left untouched; lower train.G_optimizer_lr, set "
-                                     "train.G_optimizer_clipgrad, or use train.amp=none")
+            raise NonFiniteLossError(f"non-finite loss ({float(bad[0]) if bad.numel() else value:.4g}) at step "
+                                     f"{step}; the last complete checkpoint is {where} and is left untouched; lower "
+                                     "train.G_optimizer_lr, set train.G_optimizer_clipgrad, or use train.amp=none")
+        return value
 
     def optimizer_step(self) -> None:
         clip = self.train_opt["G_optimizer_clipgrad"]
