@@ -33,6 +33,7 @@ across an interrupted run) concatenate to the whole output bit for bit; each cut
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -122,9 +123,12 @@ def segment_bounds(num_frames: int, target: int, *, num_frame_testing: int, num_
     while start < n_out:
         stop = n_out
         if n_out - start > target:
-            fitting = [c for c in cuts if start < c <= start + target]
-            later = [c for c in cuts if c > start]
-            stop = fitting[-1] if fitting else (later[0] if later else n_out)
+            first_after = bisect.bisect_right(cuts, start)  # cuts are sorted: no scan of every clip per segment
+            last_fitting = bisect.bisect_right(cuts, start + target) - 1
+            if last_fitting >= first_after:
+                stop = cuts[last_fitting]
+            elif first_after < len(cuts):
+                stop = cuts[first_after]
         bounds.append((start, stop))
         start = stop
     return bounds
