@@ -563,3 +563,36 @@ def test_noisy_video_without_gt_gets_the_sigma_map(tmp_path) -> None:
     assert torch.equal(item["L"][:, 3], torch.full((3, 8, 10), 20 / 255))
     assert torch.equal(item["L"][:, :3], read_video(str(tmp_path / "v" / "noisy.avi"))[0])
     _lazy_equals_item(dataset)
+
+
+def test_tiny_vrt_on_two_processes_at_two_threads_equals_one(tmp_path) -> None:
+    """The promise where users stand: a real (tiny) VRT denoiser, 2 intra-op threads, real processes. Clips cut
+    into segments and shared over 2 torchrun processes give the PNGs, metrics.csv and log lines of 1 process."""
+    from models.select_network import define_G
+    from tests.support.helpers import VRT_TINY_OPT
+
+    opt = copy.deepcopy(VRT_TINY_OPT)
+    opt["val"] = {"num_frame_testing": 4, "num_frame_overlapping": 2, "size_patch_testing": 0}
+    opt["path"]["root"] = str(tmp_path / "experiments")
+    (tmp_path / "opt.json").write_text(json.dumps(opt))
+    torch.manual_seed(0)
+    weights = tmp_path / "vrt_G.pth"
+    torch.save({"params": define_G(opt).state_dict()}, weights)
+    gen = torch.Generator().manual_seed(3)
+    for clip, frames in (("a", 7), ("b", 5)):
+        for t, frame in enumerate(torch.rand(frames, 3, 40, 40, generator=gen)):
+            imwrite_rgb(str(tmp_path / "gt" / clip / f"{t:08d}.png"), frame)
+    common = ["--opt", str(tmp_path / "opt.json"), "--model_path", str(weights), "--folder_lq", str(tmp_path / "gt"),
+              "--folder_gt", str(tmp_path / "gt"), "--sigma", "30", "--save_result", "--num_workers", "0",
+              "--segment_frames", "3"]
+    env = base_env(threads=2)
+    one = run([sys.executable, EVAL_ENTRY, *common, "--save_dir", str(tmp_path / "one")], env, str(tmp_path),
+              timeout=300)
+    assert_ok(one)
+    two = run([sys.executable, TORCHRUN_ENTRY, "--standalone", "--nproc_per_node=2", EVAL_ENTRY, *common,
+               "--save_dir", str(tmp_path / "two")], env, str(tmp_path), timeout=300)
+    assert_ok(two)
+    _same_outputs(tmp_path / "one", tmp_path / "two", ["a", "b"])
+    assert [m.group(0) for m in TESTING.finditer(one.stdout)] == [m.group(0) for m in TESTING.finditer(two.stdout)]
+    assert AVERAGE.findall(one.stdout) == AVERAGE.findall(two.stdout) and len(AVERAGE.findall(two.stdout)) == 1
+    assert {m["rank"] for m in _markers(tmp_path / "two")} == {0, 1}  # both processes restored segments
