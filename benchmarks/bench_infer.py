@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from models.model_zoo import TASKS  # noqa: E402
+from models.net_io import net_io
 from models.select_network import define_network  # noqa: E402
 from models.video_inference import infer_video  # noqa: E402
 
@@ -57,13 +58,13 @@ def _measure(kind: str, args: argparse.Namespace, amp: str, queue: Any) -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
     if args.task == "tiny":
-        net_type, kwargs, scale, window, nonblind = "vrt", dict(TINY), 4, (6, 8, 8), False
+        net_type, kwargs = "vrt", dict(TINY)
     else:
         spec = TASKS[args.task]
-        net_type, kwargs, scale, window = spec.net_type, spec.net_kwargs(), spec.scale, spec.window_size
-        nonblind = spec.nonblind_denoising
+        net_type, kwargs = spec.net_type, spec.net_kwargs()
     net = define_network(net_type, kwargs).eval().to(device)
-    channels = 4 if nonblind else 3
+    io = net_io(net)
+    scale, window, nonblind, channels = io.scale, io.input_multiple, io.noise_map, io.in_chans
     lq = torch.rand(1, args.frames, channels, *args.size, generator=torch.Generator().manual_seed(0))
     tile, overlap = args.tile, args.tile_overlap
     if kind == "ours":

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from utils.utils_option import resolve_section
+from utils.utils_option import family_keys, resolve_section
 from utils.utils_option_schema import DATASET_COMMON, NUM, OPTIONAL, Opt
 
 logger = logging.getLogger(__name__)
@@ -75,8 +75,12 @@ def resolve_options(cls: type, opt: dict[str, Any]) -> dict[str, Any]:
     """
     spec = spec_of(cls)
     values = {"dataset_type": cls.__name__, **opt}
-    resolved = resolve_section(values, spec, where=cls.__name__)
+    # the registry imports every dataset module (this one's callers included), so it is read at call time
+    from data.select_dataset import option_specs
+
+    resolved = resolve_section(values, spec, where=cls.__name__,
+                               family=family_keys(option_specs(), cls.__name__.lower()))
     for key in opt:
-        if spec[key].note:
+        if key in spec and spec[key].note:
             logger.info("%s: option '%s' has no effect: %s", cls.__name__, key, spec[key].note)
     return resolved

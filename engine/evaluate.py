@@ -56,7 +56,7 @@ class _Failed(Exception):
 
 
 USER_ERRORS = (ModelZooError, FileNotFoundError, OSError, utils_checkpoint.CheckpointError, ValueError,
-               utils_dist.DistError)
+               utils_dist.DistError, ImportError)  # ImportError: an optional extra (onnxruntime) is missing
 
 
 @dataclass
@@ -154,6 +154,9 @@ def _describe(test_set: Dataset, setup: TestSetup) -> list[_Clip]:
             continue
         item = lazy_item(index)
         n = len(item["L"])
+        if not clips and n:  # the data's channels against the network's, before any work
+            first = next(iter(item["L"].frames(0)))
+            setup.io.check_channels(first.shape[0], _input_name(item))
         count = num_outputs(n, vfi=setup.vfi, center_frame_only=tiling["center_frame_only"])
         paths = item.get("gt_path") if setup.vfi else item.get("lq_path")
         if tiling["center_frame_only"] and not setup.vfi and paths is not None:
@@ -275,6 +278,12 @@ def _print_ready(ctx: _Run) -> None:
         folder, _, mean = _clip_result(ctx, ctx.clips[ctx.printed])
         logger.info("%s", testing_line(folder, ctx.printed, len(ctx.clips), mean))
         ctx.printed += 1
+
+
+def _input_name(item: dict[str, Any]) -> str:
+    """The input file (or first frame) of a test item, for messages."""
+    paths = item.get("lq_path") or [item.get("folder", "")]
+    return f"the test input {item.get('video_path') or paths[0]}"
 
 
 def _restore_stream(ctx: _Run, clip: _Clip, segments: list[Segment]) -> None:

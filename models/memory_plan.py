@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import checkpoint as torch_checkpoint
 
 from models import layers_attention, layers_sdpa, layers_warp
+from models.net_io import NetIO, net_io
 from models.select_network import define_network, network_kwargs
 
 logger = logging.getLogger(__name__)
@@ -99,14 +100,15 @@ class MemoryEstimate:
                 f"{'x'.join(map(str, self.clip))} ({parts}; attention {self.attention:.2f} of the activations)")
 
 
-def train_clip(opt: dict[str, Any]) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    """LQ and GT shapes ``(T, C, h, w)`` of one training clip of a recipe, from its train dataset and netG.
+def train_clip(opt: dict[str, Any], io: NetIO | None = None) -> tuple[tuple[int, int, int, int],
+                                                                      tuple[int, int, int, int]]:
+    """LQ and GT shapes ``(T, C, h, w)`` of one training clip of a recipe, from its train dataset and what its
+    network eats (``io``; default: the ``netG`` built on the meta device).
 
     Vimeo sets: ``num_frame`` -1 means all 7 frames, every ``temporal_scale``-th kept (frame interpolation: 2,
     and one target frame), ``mirror_sequence`` doubles the frames and ``pad_sequence`` adds one.
     """
     data = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
-    net = opt["netG"]
     kind = str(data.get("dataset_type", "")).lower()
     scale = int(data.get("scale") or opt.get("scale") or 1)
     frames = int(data.get("num_frame", 1))
@@ -120,8 +122,8 @@ def train_clip(opt: dict[str, Any]) -> tuple[tuple[int, int, int, int], tuple[in
         elif data.get("pad_sequence"):
             frames += 1
     gt = int(data.get("gt_size", 64))
-    channels = 3 + (1 if net.get("nonblind_denoising") else 0)
-    return (frames, channels, gt // scale, gt // scale), (out_frames or frames, 3, gt, gt)
+    io = io or net_io(_recipe_network(opt, {}, torch.device("meta")))
+    return (frames, io.in_chans, gt // scale, gt // scale), (out_frames or frames, io.out_chans, gt, gt)
 
 
 # -------------------------------------------------------------------------------------------- the pass
@@ -327,9 +329,9 @@ def estimate_peak_memory(opt: dict[str, Any], device: torch.device | str = "cuda
         data = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
         total = int(data.get("dataloader_batch_size", 1))
         micro_batch = max(1, total // (world * int(t_opt.get("grad_accum_steps", 1))))
-    lq_shape, gt_shape = clip or train_clip(opt)
     run_on = torch.device("meta") if device.type != "cpu" else device
     net = _recipe_network(opt, dict(net_flags or {}), run_on)
+    lq_shape, gt_shape = clip or train_clip(opt, net_io(net))
     gen = None if run_on.type == "meta" else torch.Generator().manual_seed(0)
     lq = torch.rand(micro_batch, *lq_shape, device=run_on, generator=gen)
     gt = torch.rand(micro_batch, *gt_shape, device=run_on, generator=gen)

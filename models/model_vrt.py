@@ -20,8 +20,8 @@ import torch
 
 from models.model_base import evaluating
 from models.model_plain import ModelPlain
-from models.select_network import is_frame_interpolation
-from models.video_inference import infer_video
+from models.net_io import net_io
+from models.video_inference import infer_video, io_tiling
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +76,11 @@ class ModelVRT(ModelPlain):
         """Tiled inference of a whole clip with the ``val`` options (see :meth:`ModelBase.infer`); tiles move to
         the training device (each temporal clip blended there), the output is assembled on the CPU."""
         val = self.opt["val"]
-        net_opt = self.opt["netG"]
         with evaluating(self.eval_network()) as net, torch.inference_mode():
+            io = net_io(net)
+            frames = val["num_frame_testing"]
             return infer_video(
-                net, lq, scale=int(self.opt["scale"]), window_size=net.input_multiple,
-                num_frame_testing=val["num_frame_testing"], num_frame_overlapping=val["num_frame_overlapping"],
-                size_patch_testing=val["size_patch_testing"], overlap_size=val["overlap_size"],
-                nonblind_denoising=bool(net_opt.get("nonblind_denoising")), vfi=is_frame_interpolation(net_opt),
-                pad_seq=val["pad_seq"], flip_seq=val["flip_seq"], center_frame_only=val["center_frame_only"],
-                device=self.device, autocast_dtype=self.amp_dtype)
+                net, lq, **io_tiling(io), num_frame_testing=io.temporal_tile if frames is None else frames,
+                num_frame_overlapping=val["num_frame_overlapping"], size_patch_testing=val["size_patch_testing"],
+                overlap_size=val["overlap_size"], pad_seq=val["pad_seq"], flip_seq=val["flip_seq"],
+                center_frame_only=val["center_frame_only"], device=self.device, autocast_dtype=self.amp_dtype)

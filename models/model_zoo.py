@@ -29,13 +29,10 @@ class TaskSpec:
     Attributes:
         name: the task name (also the weight file's stem).
         net_type: ``'vrt'`` or ``'rvrt'``.
-        kwargs: constructor keyword arguments (use :meth:`net_kwargs` for a copy).
-        scale: upscaling factor.
-        window_size: attention window ``(T, H, W)``; padding goes to multiples of it.
+        kwargs: constructor keyword arguments (use :meth:`net_kwargs` for a copy); what the network eats (scale,
+            noise-level map, frame interpolation, padding multiple) is its own ``io`` (:mod:`models.net_io`).
         tile: README-recommended ``(frames, height, width)`` tile (0 = no tiling along that axis).
         tile_overlap: ``(frames, pixels, pixels)`` overlap of the tiles.
-        nonblind_denoising: the input carries a sigma map as a 4th channel.
-        vfi: frame interpolation (D input frames -> one output frame).
         vimeo_mirror: Vimeo-90K SR test of RVRT: 7 frames mirrored to 14, output ``(out[3] + out[10]) / 2``.
         default_sigma: noise level (0-255 scale) used when ``--sigma`` is not given.
         test_sets: the test sets the official script downloads for this task.
@@ -44,12 +41,8 @@ class TaskSpec:
     name: str
     net_type: str
     kwargs: dict[str, Any]
-    scale: int
-    window_size: tuple[int, int, int]
     tile: tuple[int, int, int]
     tile_overlap: tuple[int, int, int] = (2, 20, 20)
-    nonblind_denoising: bool = False
-    vfi: bool = False
     vimeo_mirror: bool = False
     default_sigma: int = 0
     test_sets: tuple[str, ...] = field(default_factory=tuple)
@@ -111,37 +104,37 @@ def _specs() -> list[TaskSpec]:
     del vfi_kwargs["deformable_groups"]
     rvrt_sr = _rvrt(4, 144, [1, 1, 1, 1, 1, 1])
     return [
-        TaskSpec("001_VRT_videosr_bi_REDS_6frames", "vrt", _vrt_sr(6, [6, 8, 8], 2, 12), 4, (6, 8, 8),
+        TaskSpec("001_VRT_videosr_bi_REDS_6frames", "vrt", _vrt_sr(6, [6, 8, 8], 2, 12),
                  (40, 128, 128), test_sets=("REDS4",)),
-        TaskSpec("002_VRT_videosr_bi_REDS_16frames", "vrt", _vrt_sr(16, [8, 8, 8], 6, 24), 4, (8, 8, 8),
+        TaskSpec("002_VRT_videosr_bi_REDS_16frames", "vrt", _vrt_sr(16, [8, 8, 8], 6, 24),
                  (40, 128, 128), test_sets=("REDS4",)),
-        TaskSpec("003_VRT_videosr_bi_Vimeo_7frames", "vrt", _vrt_sr(8, [8, 8, 8], 4, 16), 4, (8, 8, 8),
+        TaskSpec("003_VRT_videosr_bi_Vimeo_7frames", "vrt", _vrt_sr(8, [8, 8, 8], 4, 16),
                  (32, 128, 128), test_sets=("Vid4",)),
-        TaskSpec("004_VRT_videosr_bd_Vimeo_7frames", "vrt", _vrt_sr(8, [8, 8, 8], 4, 16), 4, (8, 8, 8),
+        TaskSpec("004_VRT_videosr_bd_Vimeo_7frames", "vrt", _vrt_sr(8, [8, 8, 8], 4, 16),
                  (32, 128, 128), test_sets=("Vid4",)),
-        TaskSpec("005_VRT_videodeblurring_DVD", "vrt", _vrt_restore(), 1, (6, 8, 8), (12, 256, 256),
+        TaskSpec("005_VRT_videodeblurring_DVD", "vrt", _vrt_restore(), (12, 256, 256),
                  test_sets=("DVD10",)),
-        TaskSpec("006_VRT_videodeblurring_GoPro", "vrt", _vrt_restore(), 1, (6, 8, 8), (18, 192, 192),
+        TaskSpec("006_VRT_videodeblurring_GoPro", "vrt", _vrt_restore(), (18, 192, 192),
                  test_sets=("GoPro11-part1", "GoPro11-part2")),
-        TaskSpec("007_VRT_videodeblurring_REDS", "vrt", _vrt_restore(), 1, (6, 8, 8), (12, 256, 256),
+        TaskSpec("007_VRT_videodeblurring_REDS", "vrt", _vrt_restore(), (12, 256, 256),
                  test_sets=("REDS4",)),
-        TaskSpec("008_VRT_videodenoising_DAVIS", "vrt", _vrt_restore(nonblind_denoising=True), 1, (6, 8, 8),
-                 (12, 256, 256), nonblind_denoising=True, default_sigma=50, test_sets=("Set8", "DAVIS-test")),
-        TaskSpec("009_VRT_videofi_Vimeo_4frames", "vrt", vfi_kwargs, 1, (4, 8, 8), (0, 0, 0), vfi=True,
+        TaskSpec("008_VRT_videodenoising_DAVIS", "vrt", _vrt_restore(nonblind_denoising=True),
+                 (12, 256, 256), default_sigma=50, test_sets=("Set8", "DAVIS-test")),
+        TaskSpec("009_VRT_videofi_Vimeo_4frames", "vrt", vfi_kwargs, (0, 0, 0),
                  test_sets=("UCF101", "DAVIS-train")),
-        TaskSpec("001_RVRT_videosr_bi_REDS_30frames", "rvrt", rvrt_sr, 4, (2, 8, 8), (100, 128, 128),
+        TaskSpec("001_RVRT_videosr_bi_REDS_30frames", "rvrt", rvrt_sr, (100, 128, 128),
                  test_sets=("REDS4",)),
-        TaskSpec("002_RVRT_videosr_bi_Vimeo_14frames", "rvrt", rvrt_sr, 4, (2, 8, 8), (0, 0, 0),
+        TaskSpec("002_RVRT_videosr_bi_Vimeo_14frames", "rvrt", rvrt_sr, (0, 0, 0),
                  vimeo_mirror=True, test_sets=("Vid4",)),
-        TaskSpec("003_RVRT_videosr_bd_Vimeo_14frames", "rvrt", rvrt_sr, 4, (2, 8, 8), (0, 0, 0),
+        TaskSpec("003_RVRT_videosr_bd_Vimeo_14frames", "rvrt", rvrt_sr, (0, 0, 0),
                  vimeo_mirror=True, test_sets=("Vid4",)),
-        TaskSpec("004_RVRT_videodeblurring_DVD_16frames", "rvrt", _rvrt(1, 192, [1, 3, 3, 3, 3, 3]), 1,
-                 (2, 8, 8), (0, 256, 256), test_sets=("DVD10",)),
-        TaskSpec("005_RVRT_videodeblurring_GoPro_16frames", "rvrt", _rvrt(1, 192, [1, 3, 3, 3, 3, 3]), 1,
-                 (2, 8, 8), (0, 256, 256), test_sets=("GoPro11-part1", "GoPro11-part2")),
+        TaskSpec("004_RVRT_videodeblurring_DVD_16frames", "rvrt", _rvrt(1, 192, [1, 3, 3, 3, 3, 3]), (0, 256, 256),
+                 test_sets=("DVD10",)),
+        TaskSpec("005_RVRT_videodeblurring_GoPro_16frames", "rvrt", _rvrt(1, 192, [1, 3, 3, 3, 3, 3]),
+                 (0, 256, 256), test_sets=("GoPro11-part1", "GoPro11-part2")),
         TaskSpec("006_RVRT_videodenoising_DAVIS_16frames", "rvrt",
-                 _rvrt(1, 192, [1, 3, 4, 6, 8, 4], nonblind_denoising=True), 1, (2, 8, 8), (0, 256, 256),
-                 nonblind_denoising=True, default_sigma=50, test_sets=("Set8", "DAVIS-test")),
+                 _rvrt(1, 192, [1, 3, 4, 6, 8, 4], nonblind_denoising=True), (0, 256, 256),
+                 default_sigma=50, test_sets=("Set8", "DAVIS-test")),
     ]
 
 

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import nn
 
+from models.net_io import NetIO
+
 
 class VideoConvBaseline(nn.Module):
     """Per-frame residual CNN with a temporal (3, 3, 3) convolution and pixel-shuffle upsampling.
@@ -19,13 +21,16 @@ class VideoConvBaseline(nn.Module):
         num_block: number of residual blocks.
         drop_path_rate: stochastic depth of the residual blocks (as VRT's, it draws from the global torch RNG in
             training, which is what makes resumed runs sensitive to the RNG stream).
+        noise_map: the last input channel is a noise-level map (default: ``in_chans == out_chans + 1``).
     """
 
     input_multiple = (1, 1, 1)  # any clip size works: test-time padding adds nothing
 
     def __init__(self, upscale: int = 4, in_chans: int = 3, out_chans: int = 3, num_feat: int = 32,
-                 num_block: int = 3, drop_path_rate: float = 0.0) -> None:
+                 num_block: int = 3, drop_path_rate: float = 0.0, noise_map: bool | None = None) -> None:
         super().__init__()
+        self.in_chans = in_chans
+        self.noise_map = noise_map
         self.upscale = upscale
         self.out_chans = out_chans
         self.conv_first = nn.Conv3d(in_chans, num_feat, (3, 3, 3), padding=1)
@@ -35,6 +40,13 @@ class VideoConvBaseline(nn.Module):
             for _ in range(num_block))
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.conv_up = nn.Conv2d(num_feat, out_chans * upscale * upscale, 3, padding=1)
+
+    @property
+    def io(self) -> NetIO:
+        """What the baseline eats and gives (any clip length and size)."""
+        noise = self.in_chans == self.out_chans + 1 if self.noise_map is None else self.noise_map
+        return NetIO(in_chans=self.in_chans, out_chans=self.out_chans, scale=self.upscale, noise_map=noise,
+                     input_multiple=self.input_multiple, temporal_tile=0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Restore a clip.

@@ -35,6 +35,7 @@ from models.layers_attention import RTMSA
 from models.layers_conv import Upsample, frame_conv
 from models.layers_deform_attn import GuidedDeformAttnPack
 from models.layers_warp import flow_warp
+from models.net_io import NetIO
 from models.network_spynet import SpyNet
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,12 @@ class RVRT(nn.Module):
     # ------------------------------------------------------------------------------------------------------
     # flows
     # ------------------------------------------------------------------------------------------------------
+    @property
+    def io(self) -> NetIO:
+        """What RVRT eats and gives; its recurrent propagation wants long temporal tiles (the official 100)."""
+        return NetIO(in_chans=self.in_chans, out_chans=3, scale=self.upscale, noise_map=self.nonblind_denoising,
+                     input_multiple=self.input_multiple, temporal_tile=100, temporal_overlap=2)
+
     @property
     def input_multiple(self) -> tuple[int, int, int]:
         """``(T, H, W)`` multiples that test-time padding rounds a clip up to: the window (the official rule) and,

@@ -30,6 +30,7 @@ from models.layers_attention import RTMSA, TMSAG, MlpGEGLU, Size3
 from models.layers_conv import FrameConv, Upsample
 from models.layers_deform_conv import DCNv2PackFlowGuided
 from models.layers_warp import flow_warp, pad
+from models.net_io import NetIO
 from models.network_spynet import SpyNet
 
 logger = logging.getLogger(__name__)
@@ -295,6 +296,17 @@ class VRT(nn.Module):
         else:
             self.linear_fuse = nn.Conv2d(embed_dims[0] * self.img_size[0], num_feat, kernel_size=1, stride=1)
             self.conv_last = nn.Conv2d(num_feat, out_chans, kernel_size=7, stride=1, padding=0)
+
+    @property
+    def io(self) -> NetIO:
+        """What VRT eats and gives: the noise-level map is read only with parallel warping (``pa_frames > 0``);
+        frame interpolation (``pa_frames == 0``) needs exactly its clip of frames, so its tile is the whole clip;
+        otherwise 40 frames, the official REDS test setting."""
+        noise = self.nonblind_denoising and bool(self.pa_frames)
+        vfi = not self.pa_frames
+        return NetIO(in_chans=self.in_chans + int(noise), out_chans=self.out_chans, scale=self.upscale,
+                     noise_map=noise, frame_interpolation=vfi, input_multiple=self.input_multiple,
+                     temporal_tile=0 if vfi else 40, temporal_overlap=0 if vfi else 2)
 
     @property
     def input_multiple(self) -> tuple[int, int, int]:

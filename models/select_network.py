@@ -44,11 +44,6 @@ def network_kwargs(opt_net: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in opt_net.items() if k not in META_KEYS}
 
 
-def is_frame_interpolation(opt_net: dict[str, Any]) -> bool:
-    """Whether ``netG`` interpolates frames (VRT with ``pa_frames`` 0): it outputs the frames between its inputs."""
-    return str(opt_net.get("net_type", "")).lower() == "vrt" and opt_net.get("pa_frames", 2) == 0
-
-
 def _json_types(annotation: Any) -> Any:
     """The JSON value types a constructor annotation admits (``ANY`` when it is not a JSON type)."""
     origin = typing.get_origin(annotation)

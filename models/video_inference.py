@@ -26,9 +26,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from models.net_io import NetIO
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,12 @@ def pad_to_window(x: Tensor, dim: int, window: int) -> tuple[Tensor, int]:
         return x, n
     tail = x.narrow(dim, max(0, n - pad), min(pad, n)).flip(dim)
     return torch.cat([x, tail], dim=dim), n
+
+
+def io_tiling(io: NetIO) -> dict[str, Any]:
+    """The keyword arguments of :func:`infer_video` that the network's :class:`~models.net_io.NetIO` decides."""
+    return {"scale": io.scale, "window_size": io.input_multiple, "nonblind_denoising": io.noise_map,
+            "vfi": io.frame_interpolation}
 
 
 def check_tiling_args(shape: Sequence[int], *, window_size: Sequence[int], size_patch_testing: int,

@@ -203,7 +203,7 @@ def test_every_attention_call_of_the_released_models_is_fused(task: str, amp: to
     call runs on the memory-efficient kernel (trainable bias) or flash/efficient (no mask)."""
     spec = TASKS[task]
     net = (VRT if spec.net_type == 'vrt' else RVRT)(**spec.net_kwargs()).to(CUDA).train()
-    size = 64 if spec.scale == 4 else 144
+    size = 64 if spec.kwargs['upscale'] == 4 else 144
     frames = 6 if spec.net_type == 'vrt' else 4
     calls = _train_step_calls(net, _rand(1, frames, 3, size, size), amp)
     assert calls

@@ -19,8 +19,9 @@ import torch
 from data.dataset_video_file import read_video, write_video
 from engine import evaluate as utils_test
 from models.model_zoo import TASKS, TaskSpec
-from models.network_rvrt import RVRT
+from models.net_io import NetIO, net_io
 from models.network_vrt import VRT
+from models.select_network import NETWORKS
 from tests.support.helpers import ROOT, TINY_OPT, base_env
 from tests.support.video_helpers import FPS, audio_packets, write_sine
 from utils.utils_image import frame_metrics, imread_rgb, imwrite_rgb
@@ -149,16 +150,22 @@ def test_missing_released_model_is_one_clear_error(tmp_path, monkeypatch, caplog
 def test_task_table_matches_the_official_scripts() -> None:
     assert len([t for t in TASKS.values() if t.net_type == "vrt"]) == 9
     assert len([t for t in TASKS.values() if t.net_type == "rvrt"]) == 6
+    ios = {}
     for spec in TASKS.values():
-        cls = VRT if spec.net_type == "vrt" else RVRT
+        cls = NETWORKS[spec.net_type]
         params = inspect.signature(cls.__init__).parameters
         assert set(spec.kwargs) <= set(params), spec.name
-        assert tuple(spec.kwargs.get("window_size", spec.window_size)) == spec.window_size
-        assert spec.kwargs["upscale"] == spec.scale
-        assert spec.tile[1] % spec.window_size[-1] == 0
+        with torch.device("meta"):  # what the released network eats, without its weights
+            ios[spec.name] = io = net_io(cls(**spec.net_kwargs()))
+        assert spec.tile[1] % io.input_multiple[-1] == 0
+    assert ios["001_VRT_videosr_bi_REDS_6frames"] == NetIO(3, 3, 4, False, False, (6, 8, 8), 40, 2)
+    assert ios["008_VRT_videodenoising_DAVIS"].in_chans == 4 and ios["008_VRT_videodenoising_DAVIS"].noise_map
+    assert ios["006_RVRT_videodenoising_DAVIS_16frames"].describe_input() == "4 (RGB + noise-level map)"
+    assert ios["004_RVRT_videodeblurring_DVD_16frames"].scale == 1
     assert TASKS["002_VRT_videosr_bi_REDS_16frames"].kwargs["pa_frames"] == 6
     vfi = TASKS["009_VRT_videofi_Vimeo_4frames"]
-    assert vfi.vfi and vfi.kwargs["pa_frames"] == 0 and "deformable_groups" not in vfi.kwargs
+    assert ios[vfi.name].frame_interpolation and ios[vfi.name].temporal_tile == 0
+    assert vfi.kwargs["pa_frames"] == 0 and "deformable_groups" not in vfi.kwargs
     assert TASKS["006_RVRT_videodenoising_DAVIS_16frames"].kwargs["inputconv_groups"] == [1, 3, 4, 6, 8, 4]
     assert TASKS["002_RVRT_videosr_bi_Vimeo_14frames"].url.startswith("https://github.com/JingyunLiang/RVRT/")
     spec = TASKS["001_VRT_videosr_bi_REDS_6frames"]
@@ -179,8 +186,10 @@ class _Recorder(torch.nn.Module):
 
 
 def _setup(net, **kw) -> utils_test.TestSetup:
-    base = {"name": "t", "net": net, "scale": 1, "window_size": (2, 8, 8), "tile": (0, 0), "tile_overlap": (2, 20),
-            "nonblind_denoising": False, "vfi": False, "vimeo_mirror": False, "sigma": 0}
+    io = NetIO(in_chans=4 if kw.pop("nonblind_denoising", False) else 3, input_multiple=(2, 8, 8))
+    io = NetIO(**{**io.__dict__, "noise_map": io.in_chans == 4})
+    base = {"name": "t", "net": net, "io": io, "tile": (0, 0), "tile_overlap": (2, 20), "vimeo_mirror": False,
+            "sigma": 0}
     return utils_test.TestSetup(**{**base, **kw})
 
 

@@ -1,20 +1,26 @@
-"""Every registered network trains through main_train_vrt.py and evaluates through main_test_vrt.py --opt."""
+"""Every registered network, every task form it supports (SR, denoising with the noise-level map, deblurring, frame
+interpolation), through every entry point: training with validation, ``main_test_vrt.py --opt`` on frame folders
+and on a video file, and two processes. What a network eats comes from its ``io`` (models/net_io.py) alone."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import sys
 
 import pytest
+import torch
 
 import main_test_vrt  # noqa: F401  (the entry script must import cleanly)
 import main_train_vrt
 from data.dataset_synthetic import SyntheticVideoTestDataset
+from data.dataset_video_file import write_video
 from engine import evaluate
-from models.select_network import NETWORKS
-from tests.support.helpers import write_opt
-from utils.utils_image import imwrite_rgb
+from models.net_io import InputMismatch, NetIO, net_io
+from models.select_network import NETWORKS, define_network, network_kwargs
+from tests.support.helpers import ROOT, TORCHRUN_ENTRY, assert_ok, base_env, run, write_opt
+from utils.utils_image import imread_rgb, imwrite_rgb
 
 # the smallest netG of each registered network that runs on 36x36 LQ frames, x4
 TINY_NETS = {
@@ -27,43 +33,209 @@ TINY_NETS = {
     "videoconvbaseline": {"net_type": "videoconvbaseline", "upscale": 4, "num_feat": 8, "num_block": 1},
 }
 
+# netG changes from TINY_NETS for each task form a network supports, and the LQ size the form runs on
+FORMS: dict[str, dict[str, dict]] = {
+    "vrt": {"sr": {}, "denoise": {"upscale": 1, "nonblind_denoising": True}, "deblur": {"upscale": 1},
+            "vfi": {"upscale": 1, "pa_frames": 0, "img_size": [4, 40, 40]}},
+    "rvrt": {"sr": {}, "denoise": {"upscale": 1, "nonblind_denoising": True}, "deblur": {"upscale": 1}},
+    "videoconvbaseline": {"sr": {}, "denoise": {"upscale": 1, "in_chans": 4}, "deblur": {"upscale": 1}},
+}
+LQ_SIZE = {"rvrt": {"denoise": 136, "deblur": 136}}  # RVRT without upscaling needs frames of 132+ pixels
+CASES = [(net, form) for net in sorted(FORMS) for form in FORMS[net]]
 
-def test_every_registered_network_has_a_tiny_config():
-    assert set(TINY_NETS) == set(NETWORKS)
+
+def _lq_size(net_type: str, form: str) -> int:
+    return LQ_SIZE.get(net_type, {}).get(form, 36)
 
 
-def _write_clips(root, lq_size):
-    """Two 4-frame synthetic clips as the official folder layout: ``root/{lq,gt}/<clip>/<frame>.png``."""
-    data = SyntheticVideoTestDataset({"task": "sr", "num_clips": 2, "num_frame": 4, "lq_size": lq_size, "seed": 3,
-                                      "scale": 4})
-    for item in data:
-        for side, frames in (("lq", item["L"]), ("gt", item["H"])):
-            for t, frame in enumerate(frames):
-                imwrite_rgb(os.path.join(root, side, item["folder"], f"{t:08d}.png"), frame)
+def tiny_net(net_type: str, form: str = "sr") -> dict:
+    """The tiny ``netG`` of a network in one task form."""
+    return {**TINY_NETS[net_type], **FORMS[net_type][form]}
+
+
+def test_every_registered_network_has_tiny_configs_for_its_task_forms():
+    assert set(TINY_NETS) == set(NETWORKS) == set(FORMS)
+    for net_type in NETWORKS:
+        for form in FORMS[net_type]:
+            io = net_io(define_network(net_type, network_kwargs(tiny_net(net_type, form))))
+            assert io.noise_map == (form == "denoise") and io.in_chans == 3 + (form == "denoise")
+            assert io.frame_interpolation == (form == "vfi") and io.scale == (4 if form == "sr" else 1)
+
+
+def _opt(tmp_path, net_type: str, form: str, **extra) -> str:
+    size = _lq_size(net_type, form)
+    scale = 4 if form == "sr" else 1
+    gt = size * scale + 4 * scale  # the random crop's room
+    train = {"dataset_type": "SyntheticVideoTrainDataset", "task": form, "gt_size": gt, "num_frame": 2,
+             "num_clips": 2, "scale": None, "use_rot": False}
+    test = {"task": form, "lq_size": [size, size], "num_frame": 2, "num_clips": 1, "scale": None}
+    sections = {"netG": tiny_net(net_type, form), "scale": scale, "task": form, "datasets": {"train": train,
+                "test": test}, "train": {"total_iter": 1, "checkpoint_save": 1, "checkpoint_test": 1}}
+    for key, value in extra.items():
+        sections[key] = {**sections[key], **value} if isinstance(value, dict) else value
+    return write_opt(tmp_path, f"{net_type}_{form}.json", **sections)
+
+
+def _write_clips(root: str, form: str, size: int) -> tuple[str, str]:
+    """One 4-frame synthetic clip as the official folder layout ``root/{lq,gt}/<clip>/<frame>.png`` (frame
+    interpolation: a Vid4-style folder of GT frames, from which the odd frames are interpolated)."""
+    frames = 7 if form == "vfi" else 4
+    data = SyntheticVideoTestDataset({"task": "sr" if form == "vfi" else form, "num_clips": 1, "num_frame": frames,
+                                      "lq_size": [size, size], "seed": 3, "scale": 4 if form == "sr" else 1})
+    item = data[0]
+    lq = item["L"][:, :3]
+    if form == "denoise":  # main_test_vrt adds the noise (and the map) to the GT itself, as the official script
+        lq = item["H"]
+    for side, clip in (("lq", lq), ("gt", item["H"])):
+        for t, frame in enumerate(clip):
+            imwrite_rgb(os.path.join(root, side, "clip", f"{t:08d}.png"), frame)
     return os.path.join(root, "lq"), os.path.join(root, "gt")
 
 
-@pytest.mark.parametrize("net_type", sorted(TINY_NETS))
-def test_trains_and_evaluates_through_both_entry_scripts(net_type, tmp_path, monkeypatch, one_thread):
+def _write_videos(root: str, lq_dir: str, gt_dir: str) -> tuple[str, str]:
+    """The clip folders as lossless FFV1 videos."""
+    out = []
+    for side, folder in (("lq", lq_dir), ("gt", gt_dir)):
+        names = sorted(os.listdir(os.path.join(folder, "clip")))
+        frames = torch.stack([torch.from_numpy(imread_rgb(os.path.join(folder, "clip", n))).permute(2, 0, 1)
+                              for n in names])
+        path = os.path.join(root, "video_" + side, "clip.mkv")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_video(path, frames)
+        out.append(path)
+    return out[0], out[1]
+
+
+def _scores(save_dir: str) -> list[float]:
+    with open(os.path.join(save_dir, "metrics.csv")) as f:
+        return [float(r["psnr"]) for r in csv.DictReader(f)]
+
+
+def _evaluate(opt: str, task: str, lq: str, gt: str, save: str, form: str) -> list[float]:
+    sigma = ["--sigma", "30"] if form == "denoise" else []
+    code = evaluate.main(["--opt", opt, "--set", f"task={task}", "--folder_lq", lq, "--folder_gt", gt, *sigma,
+                          "--device", "cpu", "--num_workers", "0", "--save_dir", save])
+    assert code == 0
+    return _scores(save)
+
+
+@pytest.mark.parametrize("net_type,form", CASES)
+def test_trains_validates_and_evaluates_in_every_task_form(net_type, form, tmp_path, monkeypatch, one_thread):
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.chdir(tmp_path)
-    train = {"dataset_type": "SyntheticVideoTrainDataset", "gt_size": 160, "num_frame": 2, "num_clips": 2}
-    opt = write_opt(tmp_path, netG=TINY_NETS[net_type], datasets={"train": train, "test": {"lq_size": [40, 40]}},
-                    train={"total_iter": 1, "checkpoint_save": 1, "checkpoint_test": 1},
-                    val={"num_frame_testing": 0, "size_patch_testing": 0})
-    assert main_train_vrt.main(["--opt", opt, "--set", f"task={net_type}"]) == 0
-    models = tmp_path / "experiments" / net_type / "models"
-    assert (models / "1_G.pth").is_file() and (models / "1_state.pth").is_file()
+    task = f"{net_type}_{form}"
+    opt = _opt(tmp_path, net_type, form)
+    assert main_train_vrt.main(["--opt", opt, "--set", f"task={task}"]) == 0
+    exp = tmp_path / "experiments" / task
+    assert (exp / "models" / "1_G.pth").is_file() and (exp / "models" / "1_state.pth").is_file()
+    log = (exp / "train.log").read_text()
+    assert "Average PSNR" in log and "Input baseline" in log  # validation during training ran
+    saved = [p for p in os.listdir(exp / "options") if p.endswith(".json")]
+    assert json.load(open(exp / "options" / saved[0]))["netG"]["net_type"] == net_type
 
-    lq, gt = _write_clips(str(tmp_path / "clips"), [36, 36])
-    save = str(tmp_path / "results")
-    code = evaluate.main(["--opt", opt, "--set", f"task={net_type}", "--folder_lq", lq, "--folder_gt", gt,
-                          "--device", "cpu", "--num_workers", "0", "--save_dir", save])
-    assert code == 0
-    with open(os.path.join(save, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 8 and all(float(r["psnr"]) > 10 for r in rows)  # 2 clips x 4 frames, a real restoration
-    saved = [p for p in os.listdir(tmp_path / "experiments" / net_type / "options") if p.endswith(".json")]
-    assert json.load(open(tmp_path / "experiments" / net_type / "options" / saved[0]))["netG"]["net_type"] == \
-        net_type
+    size = _lq_size(net_type, form)
+    vid4 = os.path.join(str(tmp_path), "vid4")  # frame interpolation: the official Vid4 layout and rules
+    lq, gt = _write_clips(vid4 if form == "vfi" else str(tmp_path / "clips"), form, size)
+    if form == "vfi":
+        lq = gt
+    folders = _evaluate(opt, task, lq, gt, str(tmp_path / "results_folders"), form)
+    assert len(folders) == (3 if form == "vfi" else 4) and all(p > 10 for p in folders)  # a real restoration
+    if form == "vfi":
+        return  # interpolation is scored on test-set layouts (Vimeo, DAVIS, UCF101, Vid4), not on video files
+    lq_video, gt_video = _write_videos(str(tmp_path), lq, gt)
+    videos = _evaluate(opt, task, lq_video, gt_video, str(tmp_path / "results_video"), form)
+    if form != "denoise":  # lossless video: the same frames, the same scores (denoising draws its own noise)
+        assert videos == pytest.approx(folders, abs=1e-6)
+    assert len(videos) == 4 and all(p > 10 for p in videos)
+
+
+def test_two_processes_train_and_evaluate_every_network(tmp_path):
+    """One torchrun job of 2 processes trains each network (SR form) with validation and evaluates it."""
+    opts = []
+    for net_type in sorted(NETWORKS):
+        opts.append(_opt(tmp_path, net_type, "sr", task=f"dist_{net_type}"))
+    lq, gt = _write_clips(str(tmp_path / "clips"), "sr", 36)
+    entry = os.path.join(ROOT, "tests", "support", "networks_entry.py")
+    proc = run([sys.executable, TORCHRUN_ENTRY, "--standalone", "--nproc_per_node=2", entry, lq, gt, *opts],
+               base_env(threads=1), str(tmp_path), timeout=300)
+    assert_ok(proc)
+    for net_type in NETWORKS:
+        assert (tmp_path / "experiments" / f"dist_{net_type}" / "models" / "1_state.pth").is_file()
+        scores = _scores(str(tmp_path / "results" / f"dist_{net_type}"))
+        assert len(scores) == 4 and all(p > 10 for p in scores), net_type
+
+
+# ----- what a network eats is checked against the data before any work
+def _io(net_type: str, form: str) -> NetIO:
+    return net_io(define_network(net_type, network_kwargs(tiny_net(net_type, form))))
+
+
+def test_a_denoiser_without_a_noise_level_is_one_line_before_any_work(tmp_path, monkeypatch, caplog, one_thread):
+    monkeypatch.chdir(tmp_path)
+    opt = _opt(tmp_path, "videoconvbaseline", "denoise")
+    with open(opt) as f:
+        tree = json.load(f)
+    tree["datasets"]["test"]["sigma"] = 0
+    with open(opt, "w") as f:
+        json.dump(tree, f)
+    models = tmp_path / "experiments" / "d" / "models"
+    models.mkdir(parents=True)
+    net = define_network("videoconvbaseline", network_kwargs(tiny_net("videoconvbaseline", "denoise")))
+    torch.save({"params": net.state_dict()}, models / "1_G.pth")
+    lq, gt = _write_clips(str(tmp_path / "clips"), "denoise", 16)
+    save = tmp_path / "results"
+    code = evaluate.main(["--opt", opt, "--set", "task=d", "--folder_lq", lq, "--folder_gt", gt,
+                          "--device", "cpu", "--num_workers", "0", "--save_dir", str(save)])
+    assert code == 2 and not save.exists()
+    assert "gives 3 input channels but the network reads 4 (RGB + noise-level map)" in caplog.text
+    assert "--sigma" in caplog.text
+
+
+def test_sigma_for_a_network_without_a_noise_map_is_refused(tmp_path, monkeypatch, caplog, one_thread):
+    monkeypatch.chdir(tmp_path)
+    opt = _opt(tmp_path, "videoconvbaseline", "deblur")
+    models = tmp_path / "experiments" / "b" / "models"
+    models.mkdir(parents=True)
+    net = define_network("videoconvbaseline", network_kwargs(tiny_net("videoconvbaseline", "deblur")))
+    torch.save({"params": net.state_dict()}, models / "1_G.pth")
+    lq, gt = _write_clips(str(tmp_path / "clips"), "deblur", 16)
+    code = evaluate.main(["--opt", opt, "--set", "task=b", "--folder_lq", lq, "--folder_gt", gt, "--sigma", "25",
+                          "--device", "cpu", "--num_workers", "0", "--save_dir", str(tmp_path / "results")])
+    assert code == 2 and not (tmp_path / "results").exists()
+    assert "--sigma 25 (which adds a noise-level map) gives 4 input channels but the network reads 3 (RGB)" \
+        in caplog.text
+
+
+@pytest.mark.parametrize("net_type,data_form", [("vrt", "denoise"), ("rvrt", "sr"), ("videoconvbaseline", "sr")])
+def test_training_data_that_does_not_fit_the_network_is_one_line(net_type, data_form, tmp_path, monkeypatch,
+                                                                 capsys):
+    """A 3-channel network on denoising data (RGB + map), a 4-channel denoiser on 3-channel data: refused before
+    the first step, naming both numbers, and no experiment folder is written."""
+    monkeypatch.chdir(tmp_path)
+    net_form = "sr" if data_form == "denoise" else "denoise"
+    opt = _opt(tmp_path, net_type, data_form)
+    with open(opt) as f:
+        tree = json.load(f)
+    tree["netG"] = tiny_net(net_type, net_form)
+    tree["scale"] = 4 if net_form == "sr" else 1
+    for d in tree["datasets"].values():
+        d["scale"] = tree["scale"] if data_form == "sr" else 1
+    with open(opt, "w") as f:
+        json.dump(tree, f)
+    assert main_train_vrt.main(["--opt", opt, "--set", "task=mismatch"]) != 0
+    channels = (4, 3) if data_form == "denoise" else (3, 4)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: datasets.train (SyntheticVideoTrainDataset) gives "
+                                               f"{channels[0]} input channels but the network reads {channels[1]}")
+    assert not (tmp_path / "experiments" / "mismatch" / "models").exists()
+
+
+def test_check_channels_names_both_numbers():
+    io = NetIO(in_chans=4, noise_map=True)
+    io.check_channels(4, "x")
+    with pytest.raises(InputMismatch, match=r"^clip\.mp4 gives 3 input channels but the network reads 4 \(RGB \+ "
+                                            r"noise-level map\); give a noise level"):
+        io.check_channels(3, "clip.mp4")
+    with pytest.raises(InputMismatch, match="reads no noise-level map"):
+        NetIO().check_channels(4, "y")

@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from utils import utils_dist
@@ -119,30 +119,39 @@ def check_value(dotted: str, value: Any, spec: Opt) -> None:
         raise OptionError(f"option '{dotted}' = {value!r}: {why}")
 
 
-def unknown_key_error(dotted: str, known: Iterable[str]) -> OptionError:
-    """The one-line error for a key that is not in ``known`` (with the closest known key, if any)."""
+def unknown_key_error(dotted: str, known: Iterable[str], also: Iterable[str] = ()) -> OptionError:
+    """The one-line error for a key that is not in ``known`` (with the closest key of ``known`` or ``also``, the
+    keys sibling sections read, if any)."""
     known = sorted(known)
     leaf = dotted.rpartition(".")[2]
-    close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(leaf, known + sorted(also), n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else f"; known keys here: {', '.join(known)}"
     return OptionError(f"unknown option '{dotted}'{hint}")
 
 
-def resolve_section(values: dict[str, Any], spec: dict[str, Opt], where: str) -> dict[str, Any]:
+def resolve_section(values: dict[str, Any], spec: dict[str, Opt], where: str,
+                    family: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Check a section against its spec and fill its defaults (a new dict; ``values`` is not modified).
 
     Args:
         values: the section as written.
         spec: ``{key: Opt}`` of the section.
         where: the dotted name of the section, for the messages (e.g. ``datasets.train``).
+        family: ``{key: reader}`` of the keys that sibling sections read (the other dataset types): such a key is
+            accepted with one log note and left out of the result, as KAIR's files carry their siblings' keys.
 
     Raises:
         OptionError: unknown key (with the closest known one), wrong type, invalid value, missing required key.
     """
     out = copy.deepcopy(values)
     for key, value in values.items():
+        if key not in spec and family and key in family:
+            logger.info("option '%s.%s' has no effect for this dataset type (%s reads it); accepted as KAIR's "
+                        "option files carry it", where, key, family[key])
+            del out[key]
+            continue
         if key not in spec:
-            raise unknown_key_error(f"{where}.{key}", spec)
+            raise unknown_key_error(f"{where}.{key}", spec, family or ())
         check_value(f"{where}.{key}", value, spec[key])
     for key, opt in spec.items():
         if key in out:
@@ -272,7 +281,18 @@ def _resolve_dataset(dataset: dict[str, Any], specs: Specs, where: str) -> dict[
     if kind not in specs:
         raise OptionError(f"option '{where}.dataset_type' = {dataset.get('dataset_type')!r} is unknown; registered: "
                           f"{', '.join(sorted(specs))}")
-    return resolve_section(dataset, {**DATASET_COMMON, **specs[kind]}, where)
+    return resolve_section(dataset, {**DATASET_COMMON, **specs[kind]}, where, family_keys(specs, kind))
+
+
+def family_keys(specs: Specs, kind: str) -> dict[str, str]:
+    """``{key: dataset type}`` of the keys that the other dataset types read and ``kind`` does not."""
+    own = specs.get(kind, {})
+    family: dict[str, str] = {}
+    for other, spec in sorted(specs.items()):
+        for key in spec:
+            if other != kind and key not in own:
+                family.setdefault(key, other)
+    return family
 
 
 def check_network(netg: dict[str, Any], specs: Specs) -> None:

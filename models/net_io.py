@@ -1,0 +1,107 @@
+"""What a network eats and gives, stated once by the network and read by every entry point.
+
+Training, validation, ``main_test_vrt.py``, tiled and streamed inference, the memory planner and the exporter
+all read a network's :class:`NetIO` (through :func:`net_io`) instead of testing ``net_type`` or one network's
+flags. A network class states it as an ``io`` property built from its constructor arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+__all__ = ["InputMismatch", "NetIO", "net_io", "unwrap"]
+
+
+class InputMismatch(ValueError):
+    """The data does not have the channels the network reads (the message names both numbers)."""
+
+
+@dataclass(frozen=True)
+class NetIO:
+    """A network's input and output, frame by frame (``(N, D, C, h, w)`` in, ``(N, D', out_chans, h*scale,
+    w*scale)`` out, values in [0, 1]).
+
+    Attributes:
+        in_chans: channels of each input frame: the image channels, plus one when ``noise_map``.
+        out_chans: channels of each output frame.
+        scale: spatial upscaling factor (1 for deblurring, denoising and frame interpolation).
+        noise_map: the last input channel is the noise-level map (sigma / 255, constant over the frame) of a
+            non-blind denoiser.
+        frame_interpolation: the network outputs the frames between its input frames.
+        input_multiple: ``(frames, height, width)`` multiples test-time padding rounds a clip up to.
+        temporal_tile: recommended frames per temporal tile at test time (0: the whole clip).
+        temporal_overlap: recommended frames shared by consecutive temporal tiles.
+    """
+
+    in_chans: int = 3
+    out_chans: int = 3
+    scale: int = 1
+    noise_map: bool = False
+    frame_interpolation: bool = False
+    input_multiple: tuple[int, int, int] = (1, 1, 1)
+    temporal_tile: int = 0
+    temporal_overlap: int = 2
+
+    @property
+    def image_chans(self) -> int:
+        """Channels of the image part of an input frame (``in_chans`` less the noise-level map)."""
+        return self.in_chans - int(self.noise_map)
+
+    def describe_input(self) -> str:
+        """``'4 (RGB + noise-level map)'``-style words for messages."""
+        image = "RGB" if self.image_chans == 3 else f"{self.image_chans} image channels"
+        return f"{self.in_chans} ({image} + noise-level map)" if self.noise_map else f"{self.in_chans} ({image})"
+
+    def check_channels(self, channels: int, where: str) -> None:
+        """Refuse data whose frames carry ``channels`` channels when the network reads ``in_chans``.
+
+        Args:
+            channels: channels of the data's input frames.
+            where: the data's name for the message (a file, an option key, a flag).
+
+        Raises:
+            InputMismatch: one line naming both numbers and what would fix it.
+        """
+        if channels == self.in_chans:
+            return
+        if self.noise_map and channels == self.image_chans:
+            fix = "give a noise level (--sigma or datasets.*.sigma) so the noise-level map is added"
+        elif channels == self.in_chans + 1:
+            fix = ("this network reads no noise-level map: give it data without one (no --sigma or sigma), or use a "
+                   "non-blind denoiser")
+        else:
+            fix = "use data or a network with matching channels"
+        raise InputMismatch(f"{where} gives {channels} input channels but the network reads "
+                            f"{self.describe_input()}; {fix}")
+
+    def as_metadata(self) -> dict[str, str]:
+        """String key/values describing the input and output (for exported files)."""
+        return {"in_chans": str(self.in_chans), "out_chans": str(self.out_chans), "scale": str(self.scale),
+                "noise_map": str(int(self.noise_map)), "frame_interpolation": str(int(self.frame_interpolation)),
+                "input_multiple": ",".join(map(str, self.input_multiple)),
+                "temporal_tile": str(self.temporal_tile), "temporal_overlap": str(self.temporal_overlap)}
+
+
+def unwrap(net: nn.Module) -> nn.Module:
+    """The bare network inside DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    while True:
+        inner = getattr(net, "module", None) or getattr(net, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return net
+        net = inner
+
+
+def net_io(net: nn.Module) -> NetIO:
+    """The :class:`NetIO` of a network (wrappers looked through).
+
+    Raises:
+        TypeError: the network states none (every registered network must have an ``io`` property).
+    """
+    bare = unwrap(net)
+    io = getattr(bare, "io", None)
+    if not isinstance(io, NetIO):
+        raise TypeError(f"{type(bare).__name__} does not state its input and output: give it an 'io' property "
+                        "returning models.net_io.NetIO")
+    return io
