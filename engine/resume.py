@@ -102,7 +102,8 @@ NON_NUMERIC_TRAIN_KEYS = ("total_iter", "checkpoint_save", "checkpoint_print", "
                           "dataloader_timeout", "manual_seed", "G_scheduler_periods",
                           "grad_accum_steps")  # the resolved split is compared instead (per-process and global batch)
 NON_NUMERIC_DATASET_KEYS = ("dataloader_num_workers", "dataroot_gt", "dataroot_lq", "meta_info_file", "io_backend",
-                            "cache_data", "check_data", "check_decode_samples", "name")
+                            "cache_data", "check_data", "check_decode_samples", "name", "index_dir", "strict",
+                            "synthesize_if_missing")
 
 
 def run_descriptor(opt: dict[str, Any], dist_info: DistInfo, per_process: int, accum: int) -> dict[str, Any]:

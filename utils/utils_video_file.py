@@ -75,6 +75,11 @@ _TO_RGB_FLAGS = Interpolation.BICUBIC | Interpolation.ACCURATE_RND | Interpolati
 _KR, _KB = 0.2126, 0.0722  # BT.709 luma weights of R and B
 
 
+def frame_to_rgb(frame: av.VideoFrame) -> np.ndarray:
+    """A decoded frame as ``(H, W, 3)`` uint8 RGB, with the bias-free conversion (every reader uses this one)."""
+    return frame.to_ndarray(format="rgb24", src_color_range=frame.color_range, interpolation=_TO_RGB_FLAGS)
+
+
 def _exact_rate(rate: Fraction) -> Fraction:
     """Undo Matroska's rounding: it stores the frame duration in whole nanoseconds and FFmpeg reduces the rate to
     terms under 30000, so 60000/1001 reads back as 19001/317. An integer or NTSC (n * 1000/1001) rate whose frame
@@ -189,7 +194,7 @@ class VideoReader:
                 raise VideoFileError(f"{self.path}: frame {index} is {frame.width}x{frame.height} but the video "
                                      f"is {self.width}x{self.height}; the frame size must not change mid-stream")
             if index >= start:
-                yield frame.to_ndarray(format="rgb24", src_color_range=frame.color_range, interpolation=_TO_RGB_FLAGS)
+                yield frame_to_rgb(frame)
         if index < 0:
             raise VideoFileError(f"{self.path}: the video stream has zero decodable frames")
         if index < start:
