@@ -150,7 +150,7 @@ def resize_clip(clip: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarra
     return out
 
 
-def _cubic(x: np.ndarray) -> np.ndarray:
+def cubic(x: np.ndarray) -> np.ndarray:
     """Keys' cubic (a = -0.5), MATLAB's ``bicubic``; support [-2, 2]."""
     ax = np.abs(x)
     ax2, ax3 = ax ** 2, ax ** 3
@@ -158,18 +158,20 @@ def _cubic(x: np.ndarray) -> np.ndarray:
             + (-0.5 * ax3 + 2.5 * ax2 - 4.0 * ax + 2.0) * ((ax > 1) & (ax <= 2)))
 
 
-def matlab_resize_matrix(in_len: int, out_len: int) -> np.ndarray:
-    """``(out_len, in_len)`` weights of MATLAB ``imresize(..., 'bicubic')`` along one axis at scale
-    ``out_len / in_len``: the cubic widened by 1 / scale when shrinking (antialiasing), weights normalised per
+def matlab_resize_matrix(in_len: int, out_len: int, scale: float | None = None,
+                         antialias: bool = True) -> np.ndarray:
+    """``(out_len, in_len)`` weights of MATLAB ``imresize(..., 'bicubic')`` along one axis at ``scale`` (default
+    ``out_len / in_len``): the cubic widened by 1 / scale when shrinking with ``antialias``, weights normalised per
     output pixel, symmetric (mirror) border."""
-    scale = out_len / in_len
-    width = 4.0 / scale if scale < 1 else 4.0
+    scale = out_len / in_len if scale is None else scale
+    shrink = scale < 1 and antialias
+    width = 4.0 / scale if shrink else 4.0
     u = np.arange(1, out_len + 1, dtype=np.float64) / scale + 0.5 * (1.0 - 1.0 / scale)  # 1-based input position
     left = np.floor(u - width / 2.0)
     taps = int(math.ceil(width)) + 2
     idx = left[:, None] + np.arange(taps)[None, :]
     dist = u[:, None] - idx
-    weights = scale * _cubic(scale * dist) if scale < 1 else _cubic(dist)
+    weights = scale * cubic(scale * dist) if shrink else cubic(dist)
     weights /= weights.sum(axis=1, keepdims=True)
     mirror = np.concatenate([np.arange(in_len), np.arange(in_len - 1, -1, -1)])
     cols = mirror[np.mod(idx.astype(np.int64) - 1, 2 * in_len)]
@@ -196,8 +198,10 @@ def bi_downsample(clip: np.ndarray, scale: int) -> np.ndarray:
     return out
 
 
-def _bd_gaussian_1d(sigma: float) -> np.ndarray:
-    size = int(math.ceil(3 * sigma)) * 2 + 2  # MATLAB's even size of the BD scripts
+def gaussian_kernel_1d(sigma: float = 1.6, size: int | None = None) -> np.ndarray:
+    """The 1-D factor of MATLAB ``fspecial('gaussian', size, sigma)`` (size ``ceil(3 sigma) * 2 + 2`` by default,
+    the even size of the BD scripts), normalised to sum 1; the 2-D kernel is its outer product."""
+    size = int(math.ceil(3 * sigma)) * 2 + 2 if size is None else size
     x = np.arange(size, dtype=np.float64) - (size - 1) / 2.0
     g = np.exp(-(x ** 2) / (2.0 * sigma ** 2))
     return g / g.sum()
@@ -220,7 +224,7 @@ def bd_downsample(clip: np.ndarray, scale: int, sigma: float = 1.6) -> np.ndarra
     (the numbers of ``scripts/data_preparation/degradations.py::bd_degrade``). ``(T, H/s, W/s, 3)``."""
     x = _to_float64(clip)
     h, w = x.shape[1] - x.shape[1] % scale, x.shape[2] - x.shape[2] % scale
-    k = _bd_gaussian_1d(sigma)
+    k = gaussian_kernel_1d(sigma)
     start = scale // 2 - 1
     x = _bd_axis(x[:, :h, :w], k, np.arange(start, h - scale // 2, scale), axis=1)
     return _bd_axis(x, k, np.arange(start, w - scale // 2, scale), axis=2)

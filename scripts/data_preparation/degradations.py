@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from data.degradations import cubic, gaussian_kernel_1d, matlab_resize_matrix
+
 __all__ = ["bd_degrade", "bi_degrade", "cubic", "gaussian_kernel_1d", "imresize_matlab", "modcrop", "to_uint8"]
 
 
@@ -37,39 +39,6 @@ def to_uint8(img: np.ndarray) -> np.ndarray:
     return np.floor(np.clip(img, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def cubic(x: np.ndarray) -> np.ndarray:
-    """MATLAB's bicubic kernel (Keys, a = -0.5), support [-2, 2]."""
-    ax = np.abs(x)
-    ax2, ax3 = ax ** 2, ax ** 3
-    near = (1.5 * ax3 - 2.5 * ax2 + 1.0) * (ax <= 1)
-    far = (-0.5 * ax3 + 2.5 * ax2 - 4.0 * ax + 2.0) * ((ax > 1) & (ax <= 2))
-    return near + far
-
-
-def resize_matrix(in_len: int, out_len: int, scale: float, antialias: bool = True) -> np.ndarray:
-    """The ``(out_len, in_len)`` matrix of MATLAB ``imresize``'s bicubic contributions along one axis."""
-    if scale < 1 and antialias:
-        width = 4.0 / scale
-
-        def kernel(x: np.ndarray) -> np.ndarray:
-            return scale * cubic(scale * x)
-    else:
-        width = 4.0
-        kernel = cubic
-    x = np.arange(1, out_len + 1, dtype=np.float64)  # 1-based output coordinates
-    u = x / scale + 0.5 * (1.0 - 1.0 / scale)  # matching input coordinate
-    left = np.floor(u - width / 2.0)
-    taps = int(math.ceil(width)) + 2
-    idx = left[:, None] + np.arange(taps)[None, :]  # 1-based input indices
-    weights = kernel(u[:, None] - idx)
-    weights /= weights.sum(axis=1, keepdims=True)
-    mirror = np.concatenate([np.arange(in_len), np.arange(in_len - 1, -1, -1)])  # symmetric border
-    cols = mirror[np.mod(idx.astype(np.int64) - 1, 2 * in_len)]
-    mat = np.zeros((out_len, in_len), dtype=np.float64)
-    np.add.at(mat, (np.repeat(np.arange(out_len), taps), cols.ravel()), weights.ravel())
-    return mat
-
-
 def imresize_matlab(img: np.ndarray, scale: float, antialias: bool = True) -> np.ndarray:
     """MATLAB ``imresize(img, scale, 'bicubic')`` on a float image; output ``ceil(scale * H) x ceil(scale * W)``.
 
@@ -82,8 +51,8 @@ def imresize_matlab(img: np.ndarray, scale: float, antialias: bool = True) -> np
     x = to_float(img)
     h, w = x.shape[:2]
     out_h, out_w = int(math.ceil(h * scale)), int(math.ceil(w * scale))
-    rows = resize_matrix(h, out_h, scale, antialias)
-    cols = resize_matrix(w, out_w, scale, antialias)
+    rows = matlab_resize_matrix(h, out_h, scale, antialias)
+    cols = matlab_resize_matrix(w, out_w, scale, antialias)
     y = np.tensordot(rows, x, axes=(1, 0))  # rows first, as MATLAB does for equal scales
     y = np.moveaxis(np.tensordot(cols, y, axes=(1, 1)), 0, 1)
     return y
@@ -92,16 +61,6 @@ def imresize_matlab(img: np.ndarray, scale: float, antialias: bool = True) -> np
 def bi_degrade(img: np.ndarray, scale: int = 4) -> np.ndarray:
     """BI: ``imresize(modcrop(img, scale), 1 / scale, 'bicubic')``; float64 in [0, 1] (round with to_uint8)."""
     return imresize_matlab(modcrop(to_float(img), scale), 1.0 / scale)
-
-
-def gaussian_kernel_1d(sigma: float = 1.6, size: int | None = None) -> np.ndarray:
-    """The 1-D factor of ``fspecial('gaussian', size, sigma)`` (size ``ceil(3 sigma) * 2 + 2`` by default),
-    normalised to sum 1; the 2-D kernel is its outer product."""
-    if size is None:
-        size = int(math.ceil(3 * sigma)) * 2 + 2
-    x = np.arange(size, dtype=np.float64) - (size - 1) / 2.0
-    g = np.exp(-(x ** 2) / (2.0 * sigma ** 2))
-    return g / g.sum()
 
 
 def _filter_replicate(x: np.ndarray, k: np.ndarray, axis: int) -> np.ndarray:
