@@ -23,8 +23,10 @@ from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_vi
 from data.frame_sources import sigma_map
 from engine.options import parse_options
 from models.model_zoo import TASKS, testset_url
-from models.select_network import define_G, define_network, is_frame_interpolation
-from models.video_inference import infer_video
+from models.net_io import NetIO, net_io
+from models.onnx_runner import OnnxNetwork
+from models.select_network import define_G, define_network
+from models.video_inference import infer_video, io_tiling
 from utils import utils_checkpoint
 from utils.utils_numerics import AMP_DTYPES
 
@@ -52,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_path", type=str, default=None,
                    help="weights file (default: model_zoo/{vrt,rvrt}/<task>.pth, or the newest checkpoint of --opt)")
     p.add_argument("--opt", type=str, default=None, help="a KAIR-format option file: build the net from its netG")
+    p.add_argument("--onnx", type=str, default=None,
+                   help="run this file of scripts/export.py with ONNX Runtime instead of the PyTorch network (the "
+                        "test settings still come from --task/--opt; --tile defaults to the file's tile)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override keys of --opt, as in main_train_vrt.py (e.g. task=other val.overlap_size=32)")
     p.add_argument("--device", type=str, default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
@@ -75,22 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class TestSetup:
-    """A ready network and how to run it (from ``--task`` or from ``--opt``)."""
+    """A ready network and how to run it (from ``--task`` or from ``--opt``); what the network eats is ``io``."""
 
     name: str
     net: nn.Module
-    scale: int
-    window_size: tuple[int, int, int]
+    io: NetIO
     tile: tuple[int, int]
     tile_overlap: tuple[int, int]
-    nonblind_denoising: bool
-    vfi: bool
     vimeo_mirror: bool
     sigma: int
     model_path: str = ""
     pad_seq: bool = False
     flip_seq: bool = False
     center_frame_only: bool = False
+
+    @property
+    def scale(self) -> int:
+        return self.io.scale
+
+    @property
+    def vfi(self) -> bool:
+        return self.io.frame_interpolation
 
 
 def _two(values: list[int] | None, default: tuple[int, ...], flag: str) -> tuple[int, int]:
@@ -112,16 +122,14 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
     """
     if args.opt:
         opt = parse_options(args.opt, args.set, is_train=False)
-        net = define_G(opt)
-        net_opt, val = opt["netG"], opt["val"]
+        net = OnnxNetwork(args.onnx) if args.onnx else define_G(opt)
+        io = net_io(net)
+        val = opt["val"]
         name = opt["task"]
-        path = args.model_path or _newest_checkpoint(opt)
-        window = net.input_multiple
-        default_tile = (val["num_frame_testing"], val["size_patch_testing"])
+        path = args.onnx or args.model_path or _newest_checkpoint(opt)
+        frames = val["num_frame_testing"]
+        default_tile = (io.temporal_tile if frames is None else frames, val["size_patch_testing"])
         default_overlap = (val["num_frame_overlapping"], val["overlap_size"])
-        scale = opt["scale"]
-        nonblind = bool(net_opt.get("nonblind_denoising"))
-        vfi = is_frame_interpolation(net_opt)
         # a denoising recipe's noise level is its test set's (KAIR: datasets.test.sigma)
         mirror, sigma = False, int((opt.get("datasets", {}).get("test") or {}).get("sigma") or 0)
         val_rules = {k: bool(val[k]) for k in ("pad_seq", "flip_seq", "center_frame_only")}
@@ -130,20 +138,40 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
             raise ValueError(f"--task {args.task!r} is unknown; choose one of: {', '.join(TASKS)} "
                              "(or give --opt for a model of your own)")
         spec = TASKS[args.task]
-        path = args.model_path or spec.default_model_path
-        spec.check_model_file(path)
-        net = define_network(spec.net_type, spec.net_kwargs())
-        name, window, scale = spec.name, spec.window_size, spec.scale
+        path = args.onnx or args.model_path or spec.default_model_path
+        if not args.onnx:
+            spec.check_model_file(path)
+        net = OnnxNetwork(args.onnx) if args.onnx else define_network(spec.net_type, spec.net_kwargs())
+        io = net_io(net)
+        name = spec.name
         default_tile, default_overlap = spec.tile, spec.tile_overlap
-        nonblind, vfi, mirror, sigma = spec.nonblind_denoising, spec.vfi, spec.vimeo_mirror, spec.default_sigma
+        mirror, sigma = spec.vimeo_mirror, spec.default_sigma
         val_rules = {}
-    logger.info("loading model from %s", path)
-    utils_checkpoint.load_network(net, path, param_key="params", strict=True)
-    return TestSetup(name=name, net=net.eval(), scale=scale, window_size=tuple(int(v) for v in window),
-                     tile=_two(args.tile, default_tile, "--tile"),
-                     tile_overlap=_two(args.tile_overlap, default_overlap, "--tile_overlap"),
-                     nonblind_denoising=nonblind, vfi=vfi, vimeo_mirror=mirror,
-                     sigma=int(args.sigma if args.sigma is not None else sigma), model_path=path, **val_rules)
+    sigma = int(args.sigma if args.sigma is not None else sigma)
+    check_sigma(io, sigma, explicit=args.sigma is not None)
+    if isinstance(net, OnnxNetwork):  # the weights are in the graph, which runs on its own tile
+        default_tile = (net.tile.frames, net.tile.height)
+    else:
+        logger.info("loading model from %s", path)
+        utils_checkpoint.load_network(net, path, param_key="params", strict=True)
+    return TestSetup(name=name, net=net.eval(), io=io, tile=_two(args.tile, default_tile, "--tile"),
+                     tile_overlap=_two(args.tile_overlap, default_overlap, "--tile_overlap"), vimeo_mirror=mirror,
+                     sigma=sigma, model_path=path, **val_rules)
+
+
+def check_sigma(io: NetIO, sigma: int, explicit: bool) -> None:
+    """Refuse, before any work, a noise level that does not fit the network's input.
+
+    A network with a noise-level map needs ``sigma > 0`` (the map is made from it); ``--sigma`` given to a network
+    without one would add a channel it cannot read.
+
+    Raises:
+        InputMismatch: naming both channel counts.
+    """
+    if io.noise_map and sigma <= 0:
+        io.check_channels(io.image_chans, "the test input without --sigma (or datasets.test.sigma)")
+    if explicit and sigma > 0 and not io.noise_map:
+        io.check_channels(io.in_chans + 1, f"--sigma {sigma} (which adds a noise-level map)")
 
 
 def _newest_checkpoint(opt: dict[str, Any]) -> str:
@@ -168,7 +196,7 @@ def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
             hint = " Test sets of the official release: " + ", ".join(
                 testset_url(n) for n in TASKS[args.task].test_sets)
         raise FileNotFoundError(f"--folder_lq {lq} does not exist (nothing is downloaded at run time).{hint}")
-    sigma = setup.sigma if setup.nonblind_denoising else 0  # noise is only synthesised for denoising models
+    sigma = setup.sigma if setup.io.noise_map else 0  # noise is only synthesised for denoising models
     if is_video_file(lq) or (os.path.isdir(lq) and list_videos(lq)):
         return VideoFileTestDataset({"dataroot_lq": lq, "dataroot_gt": gt, "sigma": sigma})
     common = {"dataroot_gt": gt, "dataroot_lq": lq, "sigma": sigma, "num_frame": -1, "cache_data": False}
@@ -193,8 +221,9 @@ def restore_clip(setup: TestSetup, item: dict[str, Any], device: torch.device,
                  amp: torch.dtype | None, vimeo: bool) -> torch.Tensor:
     """Restore one test item: ``(D', 3, H, W)`` float32 on the CPU (the frames the official script scores)."""
     lq = item["L"]
-    if setup.nonblind_denoising and lq.shape[1] == 3:  # already-noisy input: add the sigma map
+    if setup.io.noise_map and lq.shape[1] == setup.io.image_chans:  # already-noisy input: add the sigma map
         lq = sigma_map(lq, setup.sigma / 255.0)
+    setup.io.check_channels(lq.shape[1], f"test clip {item.get('folder', '')!r}".replace(" ''", ""))
     lq = lq[None]
     out = infer_video(setup.net, lq, **tiling_kwargs(setup, rules=not vimeo), device=device, autocast_dtype=amp)
     if setup.vfi:
@@ -211,8 +240,7 @@ def restore_clip(setup: TestSetup, item: dict[str, Any], device: torch.device,
 def tiling_kwargs(setup: TestSetup, rules: bool = True) -> dict[str, Any]:
     """The tiling keyword arguments of ``infer_video``/``stream_video``; ``rules``: apply the option file's
     ``val.pad_seq``/``flip_seq``/``center_frame_only`` (not to Vimeo-90K-T items, which have their own)."""
-    return {"scale": setup.scale, "window_size": setup.window_size, "num_frame_testing": setup.tile[0],
+    return {**io_tiling(setup.io), "num_frame_testing": setup.tile[0],
             "num_frame_overlapping": setup.tile_overlap[0], "size_patch_testing": setup.tile[1],
-            "overlap_size": setup.tile_overlap[1], "nonblind_denoising": setup.nonblind_denoising, "vfi": setup.vfi,
-            "pad_seq": setup.pad_seq and rules, "flip_seq": setup.flip_seq and rules,
-            "center_frame_only": setup.center_frame_only and rules}
+            "overlap_size": setup.tile_overlap[1], "pad_seq": setup.pad_seq and rules,
+            "flip_seq": setup.flip_seq and rules, "center_frame_only": setup.center_frame_only and rules}

@@ -20,37 +20,8 @@ from engine import evaluate
 from models.net_io import InputMismatch, NetIO, net_io
 from models.select_network import NETWORKS, define_network, network_kwargs
 from tests.support.helpers import ROOT, TORCHRUN_ENTRY, assert_ok, base_env, run, write_opt
+from tests.support.networks import CASES, FORMS, TINY_NETS, lq_size, tiny_net
 from utils.utils_image import imread_rgb, imwrite_rgb
-
-# the smallest netG of each registered network that runs on 36x36 LQ frames, x4
-TINY_NETS = {
-    "vrt": {"net_type": "vrt", "upscale": 4, "img_size": [2, 40, 40], "window_size": [2, 4, 4], "depths": [1] * 8,
-            "indep_reconsts": [], "embed_dims": [8] * 8, "num_heads": [1] * 8, "pa_frames": 2,
-            "deformable_groups": 1, "spynet_path": None},
-    "rvrt": {"net_type": "rvrt", "upscale": 4, "clip_size": 2, "window_size": [2, 4, 4], "num_blocks": [1, 1, 1],
-             "depths": [1, 1, 1], "embed_dims": [8, 8, 8], "num_heads": [1, 1, 1], "deformable_groups": 2,
-             "attention_heads": 2, "spynet_path": None},
-    "videoconvbaseline": {"net_type": "videoconvbaseline", "upscale": 4, "num_feat": 8, "num_block": 1},
-}
-
-# netG changes from TINY_NETS for each task form a network supports, and the LQ size the form runs on
-FORMS: dict[str, dict[str, dict]] = {
-    "vrt": {"sr": {}, "denoise": {"upscale": 1, "nonblind_denoising": True}, "deblur": {"upscale": 1},
-            "vfi": {"upscale": 1, "pa_frames": 0, "img_size": [4, 40, 40]}},
-    "rvrt": {"sr": {}, "denoise": {"upscale": 1, "nonblind_denoising": True}, "deblur": {"upscale": 1}},
-    "videoconvbaseline": {"sr": {}, "denoise": {"upscale": 1, "in_chans": 4}, "deblur": {"upscale": 1}},
-}
-LQ_SIZE = {"rvrt": {"denoise": 136, "deblur": 136}}  # RVRT without upscaling needs frames of 132+ pixels
-CASES = [(net, form) for net in sorted(FORMS) for form in FORMS[net]]
-
-
-def _lq_size(net_type: str, form: str) -> int:
-    return LQ_SIZE.get(net_type, {}).get(form, 36)
-
-
-def tiny_net(net_type: str, form: str = "sr") -> dict:
-    """The tiny ``netG`` of a network in one task form."""
-    return {**TINY_NETS[net_type], **FORMS[net_type][form]}
 
 
 def test_every_registered_network_has_tiny_configs_for_its_task_forms():
@@ -63,7 +34,7 @@ def test_every_registered_network_has_tiny_configs_for_its_task_forms():
 
 
 def _opt(tmp_path, net_type: str, form: str, **extra) -> str:
-    size = _lq_size(net_type, form)
+    size = lq_size(net_type, form)
     scale = 4 if form == "sr" else 1
     gt = size * scale + 4 * scale  # the random crop's room
     train = {"dataset_type": "SyntheticVideoTrainDataset", "task": form, "gt_size": gt, "num_frame": 2,
@@ -134,7 +105,7 @@ def test_trains_validates_and_evaluates_in_every_task_form(net_type, form, tmp_p
     saved = [p for p in os.listdir(exp / "options") if p.endswith(".json")]
     assert json.load(open(exp / "options" / saved[0]))["netG"]["net_type"] == net_type
 
-    size = _lq_size(net_type, form)
+    size = lq_size(net_type, form)
     vid4 = os.path.join(str(tmp_path), "vid4")  # frame interpolation: the official Vid4 layout and rules
     lq, gt = _write_clips(vid4 if form == "vfi" else str(tmp_path / "clips"), form, size)
     if form == "vfi":

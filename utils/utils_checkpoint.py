@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from utils import utils_dist
+from utils import utils_dist, utils_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,8 @@ def load_network(net: nn.Module, path: str, param_key: str = "params", strict: b
 
     Args:
         net: the bare network.
-        path: a ``.pth`` file: ``{'params': sd}``, ``{'params_ema': sd}`` or a bare state dict.
+        path: a ``.pth`` file: ``{'params': sd}``, ``{'params_ema': sd}`` or a bare state dict; or a
+            ``.safetensors`` file holding one state dict (:mod:`utils.utils_safetensors`).
         param_key: the key to look under first.
         strict: every key must match in name and shape; otherwise missing, unexpected and shape-mismatched
             keys are skipped and summarised in the log.
@@ -153,7 +154,16 @@ def load_network(net: nn.Module, path: str, param_key: str = "params", strict: b
     Raises:
         CheckpointError: strict loading of a checkpoint that does not match (with a short summary).
     """
-    loaded = extract_state_dict(safe_load(path), param_key, path)
+    if utils_safetensors.is_safetensors(path):
+        try:
+            loaded = strip_prefixes(utils_safetensors.read_state_dict(path))
+        except (FileNotFoundError, ValueError) as exc:
+            raise CheckpointError(str(exc)) from exc
+    else:
+        loaded = extract_state_dict(safe_load(path), param_key, path)
+    adapt = getattr(net, "adapt_state_dict", None)  # a network may translate foreign layouts (released files) by name
+    if callable(adapt):
+        loaded = adapt(loaded)
     own = net.state_dict()
     missing = [k for k in own if k not in loaded]
     unexpected = [k for k in loaded if k not in own]
