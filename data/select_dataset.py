@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 
 from data.dataset_synthetic import SyntheticVideoTestDataset, SyntheticVideoTrainDataset
 from data.dataset_video_file import VideoFileTestDataset
+from data.dataset_video_file_train import VideoFileTrainDataset
 from data.dataset_video_test import (
     VFI_DAVIS,
     VFI_UCF101,
@@ -42,6 +43,7 @@ DATASETS: dict[str, type[Dataset]] = {
     "vfi_ucf101": VFI_UCF101,
     "vfi_vid4": VFI_Vid4,
     "videofiletestdataset": VideoFileTestDataset,
+    "videofiletraindataset": VideoFileTrainDataset,
     "syntheticvideotraindataset": SyntheticVideoTrainDataset,
     "syntheticvideotestdataset": SyntheticVideoTestDataset,
 }

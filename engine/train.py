@@ -25,12 +25,12 @@ from engine.resume import (
 )
 from engine.validate import InputBaseline, validate
 from models import memory_plan
+from models.net_io import NetIO, net_io
 from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL
 from models.select_model import define_Model
-from models.select_network import is_frame_interpolation
 from utils import utils_checkpoint as ckpt
-from utils import utils_dist, utils_numerics
-from utils.utils_dataloader import build_train_loader, next_batch
+from utils import utils_dist, utils_numerics, utils_trackers
+from utils.utils_dataloader import build_train_loader, next_batch, seeded_rng
 from utils.utils_dist import DistInfo
 from utils.utils_download import ensure_file
 from utils.utils_logger import TensorBoardWriter
@@ -91,12 +91,28 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
         test_key = next((k for k in datasets if k.startswith("test")), None)
         test_set = define_Dataset(datasets[test_key]) if test_key else None
         model = define_Model(opt, dist_info)
+        check_data_channels(net_io(model.net_g), {train_key: train_set, test_key: test_set})
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise ConfigError(str(msg)) from exc
     return train_set, test_set, model
+
+
+def check_data_channels(io: NetIO, sets: dict[str | None, Any]) -> None:
+    """Refuse, before any step, a data set whose input frames do not carry the channels the network reads (one
+    item of each is made, under a fixed seed that leaves the global random streams as they were).
+
+    Raises:
+        InputMismatch: naming the data set, both channel counts and what would fix it.
+    """
+    for key, data in sets.items():
+        if data is None or not len(data):
+            continue
+        with seeded_rng(0):
+            item = data[0]
+        io.check_channels(int(item["L"].shape[1]), f"datasets.{key} ({type(data).__name__})")
 
 
 def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -123,6 +139,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     t_opt, paths = opt["train"], opt["path"]
     numerics = utils_numerics.apply_policy(bool(t_opt["deterministic"]), bool(t_opt["tf32"]), dist_info.device)
     start_step = resume_step(opt)
+    trackers = utils_trackers.create_trackers(opt)  # a missing package stops the run here
     seed = agree_seed(t_opt)
     seed_everything(seed)  # the same initial weights on every rank and in every run with this seed
     fetch_weights(opt)
@@ -155,6 +172,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     per_process = loader.batch_size or 1
     global_batch = per_process * dist_info.world_size * accum
     descriptor = run_descriptor(opt, dist_info, per_process, accum)
+    tracker_ids = utils_trackers.start_trackers(trackers, train_state.get("trackers"), opt)
     if on_ready is not None:
         on_ready()
     logger.info("Numerics: deterministic %s, TF32 %s, cuDNN benchmark %s, AMP %s, %d intra-op thread(s)",
@@ -175,7 +193,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
             logger.warning("Resume from step %d is not bit-exact: %s", start_step, "; ".join(reasons))
     ckpt.remove_stale_temporaries(paths["models"])
 
-    tb = TensorBoardWriter(paths["tensorboard"])
+    tb = utils_trackers.RunLogger(TensorBoardWriter(paths["tensorboard"]), trackers)
     stop = StopRequest()
     stop.install()
     step, epoch = start_step, int(train_state.get("epoch", 0))
@@ -185,7 +203,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     total = int(t_opt["total_iter"])
     val_every = t_opt["checkpoint_test"]
     last_saved = start_step
-    window: list[float] = []
+    window: list[dict[str, float]] = []
     timings = {"iter": 0.0, "data": 0.0, "n": 0}
 
     def state_for_save() -> dict[str, Any]:
@@ -194,16 +212,15 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
             rng_all = [None] * dist_info.world_size
             torch.distributed.all_gather_object(rng_all, ckpt.capture_rng_state())
         return {"epoch": epoch, "items_in_epoch": items_done, "seed": seed, "rng": rng_all, "best": best,
-                "run": descriptor}
+                "run": descriptor, "trackers": tracker_ids}
 
     def run_validation() -> None:
         if test_set is None:
             return
         if not summary.get("baseline_logged"):
-            net_opt = opt["netG"]
-            vfi = is_frame_interpolation(net_opt)
+            io = net_io(model.net_g)
             logger.info("Input baseline (the LQ input itself, bicubic-upsampled when scale > 1):")
-            validate(InputBaseline(opt["scale"], vfi), test_set, step=step, epoch=epoch,
+            validate(InputBaseline(io.scale, io.frame_interpolation), test_set, step=step, epoch=epoch,
                      save_img=False, images_dir="", tb=None)
             summary["baseline_logged"] = True
         result = validate(model, test_set, step=step, epoch=epoch, save_img=opt["val"]["save_img"],
@@ -244,7 +261,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
                 step += 1
                 model.update_learning_rate(step)
                 model.train_step(batches, step)
-                window.append(model.current_log()["G_loss"])
+                window.append(model.current_log())
                 timings["iter"] += time.perf_counter() - t0
                 timings["data"] += t_data
                 timings["n"] += 1
@@ -274,11 +291,15 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     return finish()
 
 
-def _log_step(model: Any, window: list[float], timings: dict[str, float], epoch: int, step: int,
-              global_batch: int, dist_info: DistInfo, tb: TensorBoardWriter) -> None:
+def _log_step(model: Any, window: list[dict[str, float]], timings: dict[str, float], epoch: int, step: int,
+              global_batch: int, dist_info: DistInfo, tb: utils_trackers.RunLogger) -> None:
     n = max(timings["n"], 1)
-    stats = utils_dist.reduce_mean_dict({"G_loss": sum(window) / max(len(window), 1),
-                                        "sec_iter": timings["iter"] / n, "data_sec": timings["data"] / n})
+    fields: dict[str, list[float]] = {}  # the model's numbers (G_loss first), each over the steps that report it
+    for entry in window:
+        for key, value in entry.items():
+            fields.setdefault(key, []).append(value)
+    means = {key: sum(values) / len(values) for key, values in fields.items()}
+    stats = utils_dist.reduce_mean_dict({**means, "sec_iter": timings["iter"] / n, "data_sec": timings["data"] / n})
     stats["samples_s"] = global_batch / max(stats["sec_iter"], 1e-9)
     stats["peak_mem_GB"] = peak_memory_gb(dist_info.device)
     lr = model.current_learning_rate()

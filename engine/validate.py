@@ -41,7 +41,8 @@ def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: 
         epoch: current epoch (for the log).
         save_img: write the restored frames to ``images_dir/<folder>/<frame>_<step>.png``.
         images_dir: ``experiments/<task>/images``.
-        tb: a :class:`utils.utils_logger.TensorBoardWriter` or ``None``.
+        tb: the run's writer, :class:`utils.utils_trackers.RunLogger` (TensorBoard and the trackers, the same
+            scalars), or a :class:`utils.utils_logger.TensorBoardWriter`, or ``None``.
         tb_images: also log an image strip (LQ | output | GT) of the first clip (``val.tb_images``).
 
     Returns:

@@ -1,10 +1,16 @@
-"""Pixel losses for video restoration: Charbonnier, L1, L2, L2-sum and SSIM (as 1 - SSIM, 5-D aware)."""
+"""Losses: the pixel losses (Charbonnier, L1, L2, L2-sum, SSIM as 1 - SSIM, 5-D aware), and for the GAN model the
+adversarial losses (:class:`GANLoss`) and the VGG19 perceptual loss (:class:`PerceptualLoss`)."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from utils import utils_checkpoint as ckpt
 
 
 class CharbonnierLoss(nn.Module):
@@ -73,3 +79,187 @@ def define_loss(train_opt: dict) -> nn.Module:
     if name not in LOSSES:
         raise KeyError(f"train.G_lossfn_type={name!r} is unknown; valid: {sorted(LOSSES)}")
     return LOSSES[name](train_opt)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# adversarial losses (the GAN model)
+# ---------------------------------------------------------------------------------------------------------------
+GAN_TYPES = ("gan", "ragan", "lsgan", "hinge", "wgan", "softplusgan")
+
+
+class GANLoss(nn.Module):
+    """Adversarial losses on discriminator logits, KAIR's ``gan_type`` names plus ``hinge``.
+
+    ``gan`` (vanilla, binary cross-entropy on logits) and ``ragan`` (relativistic average, the same criterion on
+    differences from the other side's batch mean) as KAIR and ESRGAN; ``lsgan`` (squared error to 1/0); ``hinge``
+    (D: ``relu(1 - real) + relu(1 + fake)``, G: ``-fake``); ``wgan`` and ``softplusgan`` as KAIR.
+
+    Args:
+        gan_type: one of :data:`GAN_TYPES`.
+    """
+
+    def __init__(self, gan_type: str = "gan") -> None:
+        super().__init__()
+        self.gan_type = gan_type.lower()
+        if self.gan_type not in GAN_TYPES:
+            raise KeyError(f"train.gan_type={gan_type!r} is unknown; valid: {', '.join(GAN_TYPES)}")
+
+    def criterion(self, pred: torch.Tensor, target_is_real: bool, is_disc: bool = True) -> torch.Tensor:
+        """Mean loss of logits ``pred`` (any shape) for the target side."""
+        kind = self.gan_type
+        if kind in ("gan", "ragan"):
+            target = torch.full_like(pred, 1.0 if target_is_real else 0.0)
+            return F.binary_cross_entropy_with_logits(pred, target)
+        if kind == "lsgan":
+            return (pred - (1.0 if target_is_real else 0.0)).pow(2).mean()
+        if kind == "hinge":
+            if not is_disc:
+                return -pred.mean()
+            return F.relu(1.0 - pred).mean() if target_is_real else F.relu(1.0 + pred).mean()
+        if kind == "wgan":
+            return -pred.mean() if target_is_real else pred.mean()
+        return F.softplus(-pred).mean() if target_is_real else F.softplus(pred).mean()
+
+    def generator_loss(self, fake: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+        """The generator's adversarial loss (unweighted).
+
+        Args:
+            fake: D's logits on the generator's output (with the graph to the generator).
+            real: D's logits on the ground truth, detached (``ragan`` only).
+        """
+        if self.gan_type == "ragan":
+            return (self.criterion(real - fake.mean(0, keepdim=True), False)
+                    + self.criterion(fake - real.mean(0, keepdim=True), True)) / 2
+        return self.criterion(fake, True, is_disc=False)
+
+    def discriminator_loss(self, real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The discriminator's losses ``(l_d_real, l_d_fake)``; it trains on their sum.
+
+        Args:
+            real: D's logits on the ground truth.
+            fake: D's logits on the detached generator output.
+        """
+        if self.gan_type == "ragan":  # halves as KAIR (its loss is their mean)
+            return (0.5 * self.criterion(real - fake.detach().mean(0, keepdim=True), True),
+                    0.5 * self.criterion(fake - real.detach().mean(0, keepdim=True), False))
+        return self.criterion(real, True), self.criterion(fake, False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# perceptual loss (VGG19 features)
+# ---------------------------------------------------------------------------------------------------------------
+VGG19_URL = "https://download.pytorch.org/models/vgg19-dcbb9e9d.pth"
+# torchvision names its files after the first 8 hex digits of their SHA-256 and torch.hub checks that prefix;
+# the full digest is not published, so the download is checked against the same prefix.
+VGG19_SHA256_PREFIX = "dcbb9e9d"
+
+
+class VGGFeatureExtractor(nn.Module):
+    """torchvision's VGG19 ``features`` (same modules and state-dict names, built without the classifier),
+    truncated after the deepest requested layer, returning the outputs of the requested layers (before their
+    ReLU for convolution indices, as KAIR and BasicSR).
+
+    Args:
+        layers: indices into ``vgg19().features`` (e.g. 2, 7, 16, 25, 34 = conv1_2, conv2_2, conv3_4, conv4_4,
+            conv5_4).
+        use_input_norm: normalise [0, 1] input with the ImageNet mean and std.
+        use_range_norm: map [-1, 1] input to [0, 1] first.
+    """
+
+    def __init__(self, layers: Sequence[int], use_input_norm: bool = True, use_range_norm: bool = False) -> None:
+        super().__init__()
+        from torchvision.models.vgg import cfgs, make_layers
+
+        full = make_layers(cfgs["E"], batch_norm=False)  # VGG19
+        bad = [i for i in layers if not 0 <= int(i) < len(full)]
+        if bad or not layers:
+            raise ValueError(f"train.F_feature_layer must be indices 0..{len(full) - 1} of VGG19's features, got "
+                             f"{list(layers)}")
+        self.layers = sorted({int(i) for i in layers})
+        self.features = nn.Sequential(*list(full.children())[: self.layers[-1] + 1])
+        for module in self.features:
+            if isinstance(module, nn.ReLU):
+                module.inplace = False  # a kept pre-activation output must not be overwritten by the next ReLU
+        self.use_input_norm, self.use_range_norm = use_input_norm, use_range_norm
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1), persistent=False)
+        self.requires_grad_(False).eval()
+
+    def load_vgg19(self, path: str) -> None:
+        """Load the ``features.*`` tensors of a torchvision VGG19 state dict (``vgg19-dcbb9e9d.pth``) by name.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            KeyError: the file lacks a needed tensor or one has the wrong shape.
+        """
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"VGG19 weights not found at {path!r}; fetch them with `python "
+                                    f"scripts/download_vgg.py --out {path}` (from {VGG19_URL})")
+        state = ckpt.safe_load(path)
+        own = self.features.state_dict()
+        picked = {}
+        for key, value in own.items():
+            source = state.get(f"features.{key}")
+            if source is None or source.shape != value.shape:
+                found = "missing" if source is None else f"shape {tuple(source.shape)}"
+                raise KeyError(f"{path} is not torchvision's VGG19: features.{key} is {found} (expected "
+                               f"{tuple(value.shape)})")
+            picked[key] = source
+        self.features.load_state_dict(picked, strict=True)
+
+    def train(self, mode: bool = True) -> VGGFeatureExtractor:
+        """Always in eval mode (a fixed feature extractor)."""
+        return super().train(False)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """``x``: (N, 3, H, W) -> the requested layers' outputs, in increasing layer order."""
+        if self.use_range_norm:
+            x = (x + 1.0) / 2.0
+        if self.use_input_norm:
+            x = (x - self.mean) / self.std
+        outputs = []
+        for index, module in enumerate(self.features):
+            x = module(x)
+            if index in self.layers:
+                outputs.append(x)
+        return outputs
+
+
+class PerceptualLoss(nn.Module):
+    """``sum_i w_i * criterion(vgg_i(x), vgg_i(gt))`` over frames, KAIR's ``F_*`` options.
+
+    Args:
+        feature_layer: one VGG19 ``features`` index or a list of them (KAIR's ``F_feature_layer``).
+        weights: one weight for every layer, or one per layer (KAIR's ``F_weights``).
+        lossfn_type: ``l1`` or ``l2``.
+        use_input_norm: ImageNet normalisation of the [0, 1] input.
+        use_range_norm: the input is in [-1, 1].
+    """
+
+    def __init__(self, feature_layer: int | Sequence[int] = 34, weights: float | Sequence[float] = 1.0,
+                 lossfn_type: str = "l1", use_input_norm: bool = True, use_range_norm: bool = False) -> None:
+        super().__init__()
+        layers = [feature_layer] if isinstance(feature_layer, int) else list(feature_layer)
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"train.F_feature_layer repeats a layer: {layers}")
+        per_layer = [float(weights)] * len(layers) if isinstance(weights, (int, float)) else list(weights)
+        if len(per_layer) != len(layers):
+            raise ValueError(f"train.F_weights has {len(per_layer)} value(s) for {len(layers)} layer(s) of "
+                             "train.F_feature_layer; give one number or one per layer")
+        order = sorted(range(len(layers)), key=lambda i: layers[i])
+        self.weights = [per_layer[i] for i in order]  # in the extractor's (increasing) layer order
+        if lossfn_type not in ("l1", "l2"):
+            raise KeyError(f"train.F_lossfn_type={lossfn_type!r} is unknown; valid: l1, l2")
+        self.criterion = nn.L1Loss() if lossfn_type == "l1" else nn.MSELoss()
+        self.vgg = VGGFeatureExtractor(layers, use_input_norm, use_range_norm)
+
+    def forward(self, x: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+        """``x``, ``gt``: (N, 3, H, W) or clips (B, T, 3, H, W) -> scalar loss (each frame through VGG)."""
+        if x.dim() == 5:
+            x, gt = x.flatten(0, 1), gt.flatten(0, 1)
+        with torch.no_grad():
+            gt_features = self.vgg(gt.detach())
+        loss = x.new_zeros(())
+        for weight, fx, fgt in zip(self.weights, self.vgg(x), gt_features):
+            loss = loss + weight * self.criterion(fx.float(), fgt.float())
+        return loss

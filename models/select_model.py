@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.model_base import ModelBase
+from models.model_gan import ModelGAN
 from models.model_plain import ModelPlain
 from models.model_vrt import ModelVRT
 from utils.utils_dist import DistInfo
@@ -13,6 +14,7 @@ MODELS: dict[str, type[ModelBase]] = {
     "plain": ModelPlain,
     "vrt": ModelVRT,
     "rvrt": ModelVRT,
+    "gan": ModelGAN,
 }
 
 

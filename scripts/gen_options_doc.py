@@ -75,8 +75,9 @@ def render() -> str:
             continue
         sections.setdefault(parent, []).append((key, opt))
     titles = {"": "Top level", "path": "`path`", "train": "`train`", "val": "`val`"}
-    for section in ("", "path", "train", "val"):
-        lines += [f"## {titles[section]}", ""] + _table(sections[section]) + [""]
+    more = [s for s in sections if s not in titles]  # further sections (e.g. `logger`, `logger.wandb`), in order
+    for section in ("", "path", "train", "val", *more):
+        lines += [f"## {titles.get(section, f'`{section}`')}", ""] + _table(sections[section]) + [""]
     lines += ["## `datasets.<phase>`", "",
               "One section per dataset; its name starts with `train` or `test` (the phase). Every section takes "
               "these keys:", ""] + _table(list(DATASET_COMMON.items())) + [""]

@@ -42,7 +42,7 @@ def _defaults(spec: dict) -> dict:
 
 # ---------------------------------------------------------------- option files
 def test_option_files_are_all_found():
-    assert len(OPTION_FILES) == 16  # the demo, V01-V09, R01-R06
+    assert len(OPTION_FILES) == 21  # the demos (denoising, real-world), V01-V09, R01-R06, real-world V10 and R07
 
 
 @pytest.mark.parametrize("path", OPTION_FILES, ids=os.path.basename)

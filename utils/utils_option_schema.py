@@ -60,9 +60,10 @@ SCHEMA: dict[str, Opt] = {
     # ---- top level
     "task": Opt(str, "vrt_experiment", "Experiment name: outputs go to `path.root/task/`; re-running the same "
                 "task resumes it."),
-    "model": Opt(str, "vrt", "Training model: `vrt` (VRT and RVRT, with fix_iter phases and tiled validation) or "
+    "model": Opt(str, "vrt", "Training model: `vrt` (VRT and RVRT, with fix_iter phases and tiled validation), "
+                 "`gan` (as `vrt`, plus perceptual and adversarial losses against `netD`: KAIR's ModelGAN) or "
                  "`plain` (one pixel loss, whole-clip validation); `rvrt` is an alias of `vrt`.",
-                 choices=("vrt", "rvrt", "plain")),
+                 choices=("vrt", "rvrt", "gan", "plain")),
     "gpu_ids": Opt((list, str), "auto", "Informational.", note="the processes come from the launcher "
                    "(torchrun, srun), one per GPU; restrict GPUs with CUDA_VISIBLE_DEVICES"),
     "dist": Opt((bool, str), False, "Informational.", note="distributed mode comes from WORLD_SIZE"),
@@ -95,6 +96,10 @@ SCHEMA: dict[str, Opt] = {
     "path.pretrained_netE": Opt(OPT_STR, None, "EMA weights to start from (default: a copy of the generator)."),
     "path.pretrained_optimizerG": Opt(OPT_STR, None, "Optimizer state to start from, with `pretrained_netG` "
                                       "(when `train.G_optimizer_reuse` is true)."),
+    "path.pretrained_netD": Opt(OPT_STR, None, "Discriminator weights to start from (`model: gan`; `{'params': "
+                                "...}`), used only when the experiment has no checkpoint to resume."),
+    "path.pretrained_optimizerD": Opt(OPT_STR, None, "Discriminator optimizer state to start from (when "
+                                      "`train.D_optimizer_reuse` is true)."),
     "path.task": Opt(OPT_STR, OPTIONAL, "Derived: `root/task`."),
     "path.log": Opt(OPT_STR, OPTIONAL, "Derived: the folder of `train.log`."),
     "path.options": Opt(OPT_STR, OPTIONAL, "Derived: where resolved copies of the options are saved."),
@@ -105,6 +110,24 @@ SCHEMA: dict[str, Opt] = {
     "datasets": Opt(dict, {}, "One section per dataset: keys starting with `train` or `test`."),
     "netG": Opt(dict, REQUIRED, "The generator: `net_type` plus constructor arguments."),
     "netE": Opt(dict, OPTIONAL, "Informational (KAIR); the EMA network is a copy of `netG`."),
+    # ---- netD: the discriminator of `model: gan` (models/network_discriminator.py; KAIR's keys). Constructor
+    # arguments take the constructor's defaults when left out.
+    "netD": Opt(dict, OPTIONAL, "The discriminator of `model: gan` (required there): `net_type` plus constructor "
+                "arguments."),
+    "netD.net_type": Opt(str, "discriminator_unet", "The discriminator: the U-Net with spectral normalisation of "
+                         "Real-ESRGAN, applied to every frame.", choices=("discriminator_unet",)),
+    "netD.in_nc": Opt(int, OPTIONAL, "Input channels. Default: `3`."),
+    "netD.base_nc": Opt(int, OPTIONAL, "Channels of the first level (x2, x4, x8 below). Default: `64`."),
+    "netD.skip_connection": Opt(bool, OPTIONAL, "U-Net skip connections. Default: `true`."),
+    "netD.init_type": Opt(str, OPTIONAL, "Weight initialisation: `default` (PyTorch's, as Real-ESRGAN) or "
+                          "`orthogonal` (KAIR's recipes, gain `init_gain`). Default: `default`.",
+                          choices=("default", "orthogonal")),
+    "netD.init_gain": Opt(NUM, OPTIONAL, "Gain of the `orthogonal` initialisation. Default: `0.2`."),
+    "netD.init_bn_type": Opt(ANY, OPTIONAL, "KAIR's BatchNorm initialisation.", note="the U-Net discriminator "
+                             "has no BatchNorm"),
+    "netD.n_layers": Opt(ANY, OPTIONAL, "KAIR's PatchGAN depth.", note="only for KAIR's PatchGAN discriminator"),
+    "netD.norm_type": Opt(ANY, OPTIONAL, "KAIR's PatchGAN normalisation.", note="the U-Net discriminator is "
+                          "always spectrally normalised"),
     # ---- train
     "train": Opt(dict, {}, "Training."),
     "train.G_lossfn_type": Opt(str, "charbonnier", "Pixel loss.", choices=("l1", "l2", "l2sum", "ssim",
@@ -143,12 +166,45 @@ SCHEMA: dict[str, Opt] = {
     "train.checkpoint_save": Opt(int, 5000, "Save a checkpoint every N steps (and at the last step)."),
     "train.checkpoint_print": Opt(int, 200, "Log a training line every N steps."),
     "train.manual_seed": Opt(OPT_INT, None, "Seed (null: rank 0 draws one, all ranks use it)."),
-    "train.F_feature_layer": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="VRT training has no "
-                                 "perceptual loss"),
-    "train.F_weights": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
-    "train.F_lossfn_type": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
-    "train.F_use_input_norm": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
-    "train.F_use_range_norm": Opt(ANY, OPTIONAL, "KAIR's perceptual-loss setting.", note="no perceptual loss"),
+    # ---- train: the GAN model (`model: gan`, models/model_gan.py; KAIR ModelGAN's keys and defaults). The other
+    # models ignore these keys.
+    "train.F_lossfn_type": Opt(str, "l1", "Perceptual loss criterion on VGG19 features (`model: gan`).",
+                               choices=("l1", "l2")),
+    "train.F_lossfn_weight": Opt(NUM, 1.0, "Perceptual loss weight (0: no perceptual loss, no VGG19)."),
+    "train.F_feature_layer": Opt((int, list), 34, "VGG19 `features` indices whose outputs (before the ReLU) are "
+                                 "compared: 34 = conv5_4; `[2, 7, 16, 25, 34]` = conv1_2 ... conv5_4."),
+    "train.F_weights": Opt((int, float, list), 1.0, "Weight of each `F_feature_layer` (one number for all, or one "
+                           "per layer)."),
+    "train.F_use_input_norm": Opt(bool, True, "Normalise VGG19's input with the ImageNet mean and std."),
+    "train.F_use_range_norm": Opt(bool, False, "VGG19's input is in [-1, 1] (our data is in [0, 1])."),
+    "train.F_vgg19_path": Opt(str, "model_zoo/vgg/vgg19-dcbb9e9d.pth", "torchvision's VGG19 weights; rank 0 "
+                              "downloads them (SHA-256-checked) when the file is missing "
+                              "(`scripts/download_vgg.py`)."),
+    "train.gan_type": Opt(str, "gan", "Adversarial loss: `gan` (vanilla), `ragan` (relativistic average), "
+                          "`lsgan`, `hinge`, `wgan`, `softplusgan`.",
+                          choices=("gan", "ragan", "lsgan", "hinge", "wgan", "softplusgan")),
+    "train.D_lossfn_weight": Opt(NUM, 0.1, "Weight of the generator's adversarial loss."),
+    "train.D_update_ratio": Opt(int, 1, "The generator is updated at steps divisible by this (D every step)."),
+    "train.D_init_iters": Opt(int, 0, "Steps up to this train D alone (G is not updated), as KAIR."),
+    "train.gan_warmup_iter": Opt(int, 0, "Steps up to this train G on the pixel and perceptual losses alone (D "
+                                 "neither run nor updated): a pixel warm-up within one run."),
+    "train.D_param_strict": Opt(bool, True, "Load `path.pretrained_netD` strictly."),
+    "train.D_optimizer_type": Opt(str, "adam", "Discriminator optimizer.", choices=("adam", "adamw")),
+    "train.D_optimizer_lr": Opt(NUM, 1e-4, "Discriminator base learning rate."),
+    "train.D_optimizer_betas": Opt((list, type(None)), None, "Discriminator Adam betas (null: "
+                                   "`G_optimizer_betas`)."),
+    "train.D_optimizer_wd": Opt(NUM, 0, "Discriminator weight decay."),
+    "train.D_optimizer_reuse": Opt(bool, False, "Restore the discriminator's optimizer state on resume (false: "
+                                   "it restarts, as in KAIR, and the resume is not exact)."),
+    "train.D_scheduler_type": Opt(OPT_STR, None, "Discriminator LR schedule (null: `G_scheduler_type`).",
+                                  choices=(None, "CosineAnnealingWarmRestarts", "MultiStepLR")),
+    "train.D_scheduler_periods": Opt(OPT_INT, None, "Cosine period (null: `G_scheduler_periods`)."),
+    "train.D_scheduler_eta_min": Opt(OPT_NUM, None, "Cosine minimum LR (null: `G_scheduler_eta_min`)."),
+    "train.D_scheduler_milestones": Opt((list, type(None)), None, "MultiStepLR milestones (null: "
+                                        "`G_scheduler_milestones`)."),
+    "train.D_scheduler_gamma": Opt(OPT_NUM, None, "MultiStepLR factor (null: `G_scheduler_gamma`)."),
+    "train.D_scheduler_restart_weights": Opt(OPT_NUM, None, "Cosine period growth (null: "
+                                             "`G_scheduler_restart_weights`)."),
     "train.amp": Opt(str, "none", "Autocast: `bf16`, or `fp16` with a GradScaler; deformable sampling, warping "
                      "and offsets stay fp32.", choices=("none", "bf16", "fp16")),
     "train.grad_accum_steps": Opt((int, str), 1, "Micro-batches per step; global batch = per-process batch x "
@@ -168,11 +224,30 @@ SCHEMA: dict[str, Opt] = {
     "val.pad_seq": Opt(bool, False, "Repeat the last frame once before inference (its output is dropped)."),
     "val.flip_seq": Opt(bool, False, "Average with the restoration of the time-reversed clip."),
     "val.center_frame_only": Opt(bool, False, "Score only the centre output frame."),
-    "val.num_frame_testing": Opt(int, 0, "Frames per temporal tile (0: the whole clip)."),
+    "val.num_frame_testing": Opt(OPT_INT, None, "Frames per temporal tile (0: the whole clip; null: the network's "
+                                 "recommended tile, its `NetIO.temporal_tile`)."),
     "val.num_frame_overlapping": Opt(int, 2, "Frames shared by consecutive temporal tiles."),
     "val.size_patch_testing": Opt(int, 0, "LQ pixels per spatial tile, a multiple of the window (0: whole "
                                   "frames)."),
     "val.overlap_size": Opt(int, 20, "LQ pixels shared by neighbouring spatial tiles."),
+    # ---- logger: experiment trackers (utils/utils_trackers.py; packages: pip install .[trackers])
+    "logger": Opt(dict, {}, "Experiment trackers: each receives the scalars and validation numbers TensorBoard "
+                  "gets (rank 0), and a resumed run continues its tracker run."),
+    "logger.wandb": Opt((dict, type(None)), OPTIONAL, "Weights & Biases (package `wandb`); absent or null: off."),
+    "logger.wandb.project": Opt(OPT_STR, None, "W&B project (null: `WANDB_PROJECT`, else W&B's default)."),
+    "logger.wandb.entity": Opt(OPT_STR, None, "W&B user or team (null: `WANDB_ENTITY`, else your default)."),
+    "logger.wandb.name": Opt(OPT_STR, None, "Run name (null: the `task` name)."),
+    "logger.wandb.mode": Opt(OPT_STR, None, "`online`, `offline` (local files only; `wandb sync` uploads them) or "
+                             "`disabled` (null: `WANDB_MODE`, else online).",
+                             choices=(None, "online", "offline", "disabled")),
+    "logger.wandb.resume_id": Opt(OPT_STR, None, "Continue this W&B run id (null: the id kept in the checkpoint "
+                                  "being resumed, else a new run)."),
+    "logger.mlflow": Opt((dict, type(None)), OPTIONAL, "MLflow (package `mlflow`); absent or null: off."),
+    "logger.mlflow.tracking_uri": Opt(OPT_STR, None, "Tracking server or store, e.g. `http://host:5000` or "
+                                      "`sqlite:///mlflow.db` (null: `MLFLOW_TRACKING_URI`, else MLflow's default)."),
+    "logger.mlflow.experiment": Opt(OPT_STR, None, "Experiment name, created when absent (null: "
+                                    "`MLFLOW_EXPERIMENT_NAME`, else `Default`)."),
+    "logger.mlflow.run_name": Opt(OPT_STR, None, "Run name of a new run (null: the `task` name)."),
 }
 
 # keys every dataset section takes (the dataset classes add their own)

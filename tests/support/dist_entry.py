@@ -22,6 +22,7 @@ import main_train_vrt  # noqa: E402
 from data import select_dataset  # noqa: E402
 from engine import train as engine_train  # noqa: E402
 from engine.preemption import StopRequest  # noqa: E402
+from models.model_gan import ModelGAN  # noqa: E402
 from models.model_plain import ModelPlain  # noqa: E402
 from utils import utils_checkpoint  # noqa: E402
 
@@ -48,7 +49,8 @@ def _env_int(name):
     return int(value) if value not in (None, "") else None
 
 
-_train_step = ModelPlain.train_step
+# the classes whose train_step is a whole step (ModelVRT's calls ModelPlain's) get the hooks below
+_train_steps = {ModelPlain: ModelPlain.train_step, ModelGAN: ModelGAN.train_step}
 
 
 def _faulty_step(self, batches, step):
@@ -66,7 +68,7 @@ def _faulty_step(self, batches, step):
             os.killpg(os.getpgid(os.getppid()), sig)
         else:
             os.kill(os.getpid(), sig)
-    return _train_step(self, batches, step)
+    return _train_steps[ModelGAN if isinstance(self, ModelGAN) else ModelPlain](self, batches, step)
 
 
 ModelPlain.train_step = _faulty_step
@@ -129,7 +131,7 @@ def _gated_step(self, batches, step):
     return _gated_inner(self, batches, step)
 
 
-ModelPlain.train_step = _gated_step
+ModelPlain.train_step = ModelGAN.train_step = _gated_step
 
 # ----- crashes inside the real checkpoint write: TEST_CRASH_IN_SAVE="<step>:<file>:<point>[,...]" kills this process
 # (SIGKILL) while the real utils_checkpoint.atomic_save writes ``{step}_{file}.pth`` (file: G, E, optimizerG, state):
