@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from data.dataset_options import AUGMENT, NOISE_RANGE, RGB_CHANNELS, at_least, resolve_options
+from data.degradation_pipeline import DEGRADATION_OPTIONS, build_degradation
 from utils.utils_option_schema import NUM, OPT_INT, Opt
 
 logger = logging.getLogger(__name__)
@@ -443,12 +444,21 @@ class SyntheticVideoTestDataset(_SeededClips):
                        "larger.", refuse=_refuse_lq_size),
         "sigma": Opt(NUM, 30, "Noise std of `denoise` on the [0, 255] scale (one fixed level for every clip).",
                      refuse=at_least(0)),
+        # validating a real-world model on the degradations it was trained for (`sr` only; each clip's draw from
+        # (seed, index), so every validation sees the same LQ)
+        **DEGRADATION_OPTIONS,
     }
 
     def __init__(self, opt: dict[str, Any]) -> None:
         cls = type(self).__name__
         self.opt = opt = resolve_options(type(self), opt)
         self.task, self.scale = _task_and_scale(opt, cls)
+        self.degradation = None
+        if opt["degradations"] is not None:
+            if self.task != "sr":
+                raise ValueError(f"{cls}: option 'degradations' takes task 'sr' (the LQ is the degraded GT), "
+                                 f"not {self.task!r}")
+            self.degradation = build_degradation(opt["degradations"], self.scale)
         self.num_clips = opt["num_clips"]
         self.num_frame = opt["num_frame"]
         self.seed = opt["seed"]
@@ -465,6 +475,9 @@ class SyntheticVideoTestDataset(_SeededClips):
         h, w = self.lq_size[0] * self.scale, self.lq_size[1] * self.scale
         lq, gt = _make_item(rng, self.task, self.num_frame, h, w, self.scale, (self.sigma, self.sigma),
                             (False, False))
+        if self.degradation is not None:
+            clip = gt.permute(0, 2, 3, 1).numpy()
+            lq = _to_tensor(self.degradation(clip, np.random.Generator(np.random.PCG64([self.seed, index, 1]))))
         folder = f"clip_{index:03d}"
         frame_ids = [VFI_FRAMES // 2] if self.task == "vfi" else range(gt.shape[0])
         names = [f"{folder}/{i:08d}.png" for i in frame_ids]

@@ -43,7 +43,7 @@ from torch.utils import checkpoint as torch_checkpoint
 
 from models import layers_attention, layers_sdpa, layers_warp
 from models.net_io import NetIO, net_io
-from models.select_network import define_network, network_kwargs
+from models.select_network import define_network, network_kwargs, network_specs
 
 logger = logging.getLogger(__name__)
 
@@ -379,10 +379,13 @@ def fits(opt: dict[str, Any], gpu_mem_gb: float, world_size: int = 1, precisions
     """
     data = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
     per_process = max(1, int(data.get("dataloader_batch_size", 1)) // world_size)
+    takes = set(network_specs()[str(opt["netG"]["net_type"]).lower()])
     found = []
     for amp in precisions:
         for label in checkpointing:
             flags = CHECKPOINT_SETTINGS[label]
+            if not set(flags) <= takes:  # a network without these checkpointing switches (BasicVSR++)
+                continue
             full = estimate_peak_memory(opt, "cuda", amp, per_process, world_size, flags)
             per_clip = (full.activations + full.transient) / per_process
             static = full.total - full.activations - full.transient

@@ -1,4 +1,4 @@
-"""The released VRT and RVRT models: constructor settings, test-time settings and where their weights live.
+"""The released VRT, RVRT and BasicVSR++ models: constructor settings, test-time settings and where their weights live.
 
 ``TASKS`` maps the task names of the official test scripts (``main_test_vrt.py`` of VRT, ``main_test_rvrt.py`` of
 KAIR) to a :class:`TaskSpec`. Nothing here downloads: a missing weight file is one clear error naming the release
@@ -8,6 +8,7 @@ URL to fetch it from.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ __all__ = ["TASKS", "ModelZooError", "TaskSpec"]
 
 VRT_RELEASE = "https://github.com/JingyunLiang/VRT/releases/download/v0.0"
 RVRT_RELEASE = "https://github.com/JingyunLiang/RVRT/releases/download/v0.0"
+BASICVSRPP_RELEASE = "https://download.openmmlab.com/mmediting/restorers/basicvsr_plusplus"
+RELEASES = {"vrt": VRT_RELEASE, "rvrt": RVRT_RELEASE, "basicvsrpp": BASICVSRPP_RELEASE}
 
 
 class ModelZooError(FileNotFoundError):
@@ -28,7 +31,7 @@ class TaskSpec:
 
     Attributes:
         name: the task name (also the weight file's stem).
-        net_type: ``'vrt'`` or ``'rvrt'``.
+        net_type: ``'vrt'``, ``'rvrt'`` or ``'basicvsrpp'`` (the family's release site is ``RELEASES[net_type]``).
         kwargs: constructor keyword arguments (use :meth:`net_kwargs` for a copy); what the network eats (scale,
             noise-level map, frame interpolation, padding multiple) is its own ``io`` (:mod:`models.net_io`).
         tile: README-recommended ``(frames, height, width)`` tile (0 = no tiling along that axis).
@@ -36,6 +39,7 @@ class TaskSpec:
         vimeo_mirror: Vimeo-90K SR test of RVRT: 7 frames mirrored to 14, output ``(out[3] + out[10]) / 2``.
         default_sigma: noise level (0-255 scale) used when ``--sigma`` is not given.
         test_sets: the test sets the official script downloads for this task.
+        sha256: SHA-256 of the released file (empty: not checked); the file at its release name is checked.
     """
 
     name: str
@@ -46,6 +50,7 @@ class TaskSpec:
     vimeo_mirror: bool = False
     default_sigma: int = 0
     test_sets: tuple[str, ...] = field(default_factory=tuple)
+    sha256: str = ""
 
     def net_kwargs(self) -> dict[str, Any]:
         """A fresh copy of the constructor kwargs."""
@@ -54,18 +59,33 @@ class TaskSpec:
     @property
     def url(self) -> str:
         """Release URL of the weight file."""
-        return f"{VRT_RELEASE if self.net_type == 'vrt' else RVRT_RELEASE}/{self.name}.pth"
+        return f"{RELEASES[self.net_type]}/{self.name}.pth"
 
     @property
     def default_model_path(self) -> str:
-        """``model_zoo/{vrt,rvrt}/{task}.pth`` (the official scripts' location)."""
+        """``model_zoo/{vrt,rvrt,basicvsrpp}/{task}.pth`` (the official scripts' location)."""
         return os.path.join("model_zoo", self.net_type, f"{self.name}.pth")
 
     def check_model_file(self, path: str) -> None:
-        """Raise :class:`ModelZooError` with the download URL when ``path`` does not exist."""
+        """Raise :class:`ModelZooError` with the download URL when ``path`` does not exist, or when the file under
+        the release's own name does not have the release's SHA-256 (a partial or another download)."""
         if not os.path.isfile(path):
             raise ModelZooError(f"model file {path} not found. Download it first (no download at run time):\n"
                                 f"  mkdir -p {os.path.dirname(path) or '.'} && wget -O {path} {self.url}")
+        if self.sha256 and os.path.basename(path) == f"{self.name}.pth":
+            digest = file_sha256(path)
+            if not digest.startswith(self.sha256):
+                raise ModelZooError(f"model file {path} has SHA-256 {digest}, but the release {self.url} has "
+                                    f"{self.sha256}: a partial or different download; fetch it again")
+
+
+def file_sha256(path: str) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # Constructor settings of the official test scripts.
@@ -138,7 +158,43 @@ def _specs() -> list[TaskSpec]:
     ]
 
 
-TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in _specs()}
+# BasicVSR++ releases: (file stem, mid_channels, num_blocks, is_low_res_input, Vimeo mirror test, test sets,
+# SHA-256). REDS4, Vimeo-90K BI/BD and the NTIRE 2021 models: mmagic's configs/basicvsr_pp (metafile.yml, README);
+# DVD and GoPro deblurring: the BasicVSR++ repository's configs (c64n15, full-resolution input). The file names
+# carry the first 8 hex digits of their SHA-256 (mmcv's publishing rule, checked as torchvision checks a download);
+# the full digests come from a public listing of these files and agree with those prefixes.
+_BASICVSRPP = [
+    ("basicvsr_plusplus_c64n7_8x1_600k_reds4_20210217-db622b2f", 64, 7, True, False, ("REDS4",),
+     "db622b2fd4caae0a4c63ab5e54f1cfef7a62a0f3b8ad101aba2eae068d928549"),
+    ("basicvsr_plusplus_c64n7_8x1_300k_vimeo90k_bi_20210305-4ef437e2", 64, 7, True, True, ("Vid4",),
+     "4ef437e27e7ed468853d9bad2e7a02e50fd4582c986a5cb4231054b0021b2e81"),
+    ("basicvsr_plusplus_c64n7_8x1_300k_vimeo90k_bd_20210305-ab315ab1", 64, 7, True, True, ("Vid4",),
+     "ab315ab1d83d09834d43c8ba17d019282a93f0cbf40bfd49be99dfcebf4c12eb"),
+    ("basicvsr_plusplus_deblur_dvd-ecd08b7f", 64, 15, False, False, ("DVD10",),
+     "ecd08b7f938c54f5cd8b2e62cbf4867a1b9e0500ce728bd981a6b99ea1ea9dbf"),
+    ("basicvsr_plusplus_deblur_gopro-3c5bb9b5", 64, 15, False, False, ("GoPro11-part1", "GoPro11-part2"),
+     "3c5bb9b57b74b268624236ae01e7dc5f5d76ca0cdd3577f2f94d92943900f714"),
+    ("basicvsr_plusplus_c128n25_ntire_decompress_track1_20210223-7b2eba02", 128, 25, False, False, (),
+     "7b2eba02a24989bfbf8b2ed4a06c8e6fd5dbeb193b1178ef7171cd1c455ddb0f"),
+    ("basicvsr_plusplus_c128n25_ntire_decompress_track2_20210314-eeae05e6", 128, 25, False, False, (),
+     "eeae05e655b9849d57a7bb732004ebeb75d376cb0bf76792f18ca0f9eb491774"),
+    ("basicvsr_plusplus_c128n25_ntire_decompress_track3_20210304-6daf4a40", 128, 25, False, False, (),
+     "6daf4a405b0ff7221e3ac39b0a5c788468ae17661c577a3353b9fd477d0c983a"),
+    ("basicvsr_plusplus_c128n25_ntire_vsr_20210311-1ff35292", 128, 25, True, False, ("REDS4",),
+     "1ff352921112b84cacc79b23df502a2319d5714d6b26730248839a6e4074c285"),
+]
+
+
+def _basicvsrpp_specs() -> list[TaskSpec]:
+    """Whole clips and frames, as the official evaluation (past ``cpu_cache_length`` frames the network keeps its
+    features on the CPU); ``--tile 100 0 0 --tile_overlap 10 0 0`` bounds the device memory of longer videos."""
+    return [TaskSpec(name, "basicvsrpp", {"mid_channels": mid, "num_blocks": blocks, "is_low_res_input": low_res,
+                                          "cpu_cache_length": 100},
+                     (0, 0, 0), (10, 20, 20), vimeo_mirror=mirror, test_sets=sets, sha256=sha)
+            for name, mid, blocks, low_res, mirror, sets, sha in _BASICVSRPP]
+
+
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (*_specs(), *_basicvsrpp_specs())}
 
 
 def testset_url(name: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from models.network_baseline import VideoConvBaseline
+from models.network_basicvsrpp import BasicVSRPlusPlus
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
 from utils.utils_option import NETWORK_META, check_network
@@ -22,6 +23,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "vrt": VRT,
     "rvrt": RVRT,
     "videoconvbaseline": VideoConvBaseline,
+    "basicvsrpp": BasicVSRPlusPlus,
 }
 
 # KAIR keys in netG that configure weight initialisation rather than the constructor.

@@ -209,3 +209,18 @@ def test_index_out_of_range_and_dataloader_batches():
     batch = next(iter(DataLoader(ds, batch_size=2, num_workers=0)))
     assert batch["L"].shape == (2, 3, 3, 8, 8) and batch["H"].shape == (2, 3, 3, 32, 32)
     assert list(ds) and len(list(ds)) == 4
+
+
+def test_test_clips_degraded_like_training_are_fixed_per_clip():
+    """``degradations`` on the validation set: the same LQ at every validation (drawn from (seed, index)), GT/scale,
+    and not the clean bicubic LQ; only ``sr`` takes it."""
+    opt = {"task": "sr", "num_clips": 2, "num_frame": 3, "lq_size": [24, 24], "scale": 2, "seed": 5}
+    clean = SyntheticVideoTestDataset(opt)
+    degraded = SyntheticVideoTestDataset({**opt, "degradations": "realbasicvsr"})
+    a, b = degraded[1], SyntheticVideoTestDataset({**opt, "degradations": "realbasicvsr"})[1]
+    assert torch.equal(a["L"], b["L"]) and torch.equal(a["H"], clean[1]["H"])
+    assert a["L"].shape == clean[1]["L"].shape == (3, 3, 24, 24)
+    assert (a["L"] - clean[1]["L"]).abs().mean() > 0.01
+    assert not torch.equal(degraded[0]["L"][0], degraded[1]["L"][0])
+    with pytest.raises(ValueError, match="'degradations' takes task 'sr'"):
+        SyntheticVideoTestDataset({**opt, "task": "deblur", "scale": 1, "degradations": "realbasicvsr"})
