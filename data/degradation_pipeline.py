@@ -124,7 +124,7 @@ def _remove(ops: list[Any], name: str) -> list[Any]:
         if isinstance(op, dict) and op.get("name") == name:
             continue
         if isinstance(op, dict) and op.get("type") == "shuffle":
-            op = {**op, "groups": [_remove(group, name) for group in op.get("groups", [])]}
+            op = {**op, "groups": [_remove(group, name) for group in (op["groups"] if "groups" in op else [])]}
         out.append(op)
     return out
 
@@ -184,7 +184,7 @@ def _build_ops(items: list[Any], counts: dict[str, int], names: set[str], where:
         if not isinstance(kind, str) or kind not in OPERATIONS:
             raise DegradationError(f"{at}: unknown operation type {kind!r}; types: {', '.join(OPERATIONS)}")
         counts[kind] = counts.get(kind, 0) + 1
-        name = item.get("name", f"{kind}{counts[kind]}")
+        name = item["name"] if "name" in item else f"{kind}{counts[kind]}"  # operations are named by type and count
         if not isinstance(name, str) or name in names:
             raise DegradationError(f"{at}: operation name {name!r} is not a string or is used twice")
         names.add(name)

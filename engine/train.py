@@ -25,14 +25,14 @@ from engine.resume import (
 )
 from engine.validate import InputBaseline, validate
 from models import memory_plan
-from models.net_io import NetIO, net_io
+from models.net_io import InputMismatch, NetIO, net_io
 from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL
 from models.select_model import define_Model
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist, utils_numerics, utils_trackers
 from utils.utils_dataloader import build_train_loader, next_batch, seeded_rng
 from utils.utils_dist import DistInfo
-from utils.utils_download import ensure_file
+from utils.utils_download import ensure_file_on_rank0
 from utils.utils_logger import TensorBoardWriter
 
 logger = logging.getLogger(__name__)
@@ -70,13 +70,7 @@ def fetch_weights(opt: dict[str, Any]) -> None:
         ConfigError: the file is missing and could not be downloaded (e.g. offline), on every rank.
     """
     path = opt["netG"].get("spynet_path")
-    error = None
-    if path and not os.path.isfile(path) and utils_dist.get_rank() == 0:
-        try:
-            ensure_file(path, SPYNET_URL, SPYNET_SHA256_PREFIX)
-        except (RuntimeError, ValueError, OSError) as exc:
-            error = str(exc)
-    error = utils_dist.broadcast_object(error)
+    error = ensure_file_on_rank0(path, SPYNET_URL, SPYNET_SHA256_PREFIX) if path else None
     if error:
         raise ConfigError(f"netG.spynet_path = {path!r} is missing and could not be fetched: {error}")
 
@@ -91,7 +85,7 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
         test_key = next((k for k in datasets if k.startswith("test")), None)
         test_set = define_Dataset(datasets[test_key]) if test_key else None
         model = define_Model(opt, dist_info)
-        check_data_channels(net_io(model.net_g), {train_key: train_set, test_key: test_set})
+        check_data_channels(net_io(model.net_g), {test_key: test_set})  # the training set: on its first batch
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -102,7 +96,8 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
 
 def check_data_channels(io: NetIO, sets: dict[str | None, Any]) -> None:
     """Refuse, before any step, a data set whose input frames do not carry the channels the network reads (one
-    item of each is made, under a fixed seed that leaves the global random streams as they were).
+    item of each is made, under a fixed seed that leaves the global random streams as they were). The training set
+    is checked on the first batch its loader delivers instead, where the loader's timeout and stall report apply.
 
     Raises:
         InputMismatch: naming the data set, both channel counts and what would fix it.
@@ -113,6 +108,18 @@ def check_data_channels(io: NetIO, sets: dict[str | None, Any]) -> None:
         with seeded_rng(0):
             item = data[0]
         io.check_channels(int(item["L"].shape[1]), f"datasets.{key} ({type(data).__name__})")
+
+
+def train_data_channels(io: NetIO, batch: dict[str, Any], train_opt: dict[str, Any]) -> None:
+    """Refuse a training batch ``{'L': (N, T, C, h, w), ...}`` whose C is not what the network reads.
+
+    Raises:
+        ConfigError: one line naming the data set, both channel counts and what would fix it.
+    """
+    try:
+        io.check_channels(int(batch["L"].shape[2]), f"datasets.train ({train_opt.get('dataset_type')})")
+    except InputMismatch as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -256,6 +263,8 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
                     batches.append(batch)
                 if len(batches) < accum:
                     break
+                if step == start_step:  # what the network eats, before its first step of this run
+                    train_data_channels(net_io(model.net_g), batches[0], train_opt)
                 t_data = time.perf_counter() - t0
                 items_done += global_batch
                 step += 1

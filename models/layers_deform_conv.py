@@ -51,6 +51,40 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
     return out.view(n, cout, h, w) + bias.view(1, cout, 1, 1)
 
 
+def modulated_deform_conv3x3(x: Tensor, offset: Tensor, mask_logits: Tensor, weight: Tensor, bias: Tensor,
+                             impl: str = 'auto', owner: str = 'deformable convolution') -> Tensor:
+    """Modulated deformable 3x3 convolution (DCNv2, padding 1) in ``offset``'s dtype, with autocast off.
+
+    Args:
+        x: (N, Cin, H, W).
+        offset: (N, 2 * G * 9, H, W) (dy, dx) pairs per group and kernel point, already in the working dtype
+            (fp32, or fp64 for fp64 inputs: offsets need sub-pixel precision that bf16 does not have).
+        mask_logits: (N, G * 9, H, W) modulation before the sigmoid.
+        weight: (Cout, Cin, 3, 3); bias: (Cout,).
+        impl: ``'auto'`` (the sampled formulation on the CPU, faster than torchvision's CPU kernel, backward
+            especially; torchvision's kernel elsewhere), ``'torchvision'`` or ``'sampled'``. Deterministic mode
+            takes the sampled one while autograd records: torchvision's backward accumulates with atomic adds.
+        owner: the calling module's name, for the error message.
+
+    Returns:
+        (N, Cout, H, W) in the working dtype.
+    """
+    work = offset.dtype
+    impl = impl if impl != 'auto' else ('sampled' if offset.device.type == 'cpu' else 'torchvision')
+    if deterministic_kernels(offset) and torch.is_grad_enabled():
+        impl = 'sampled'
+    with autocast_off(offset.device):
+        args = (x.to(work), offset, torch.sigmoid(mask_logits.to(work)), weight.to(work), bias.to(work))
+        if impl == 'torchvision':
+            inp, off, mask, w, b = args
+            return torchvision.ops.deform_conv2d(inp, off, w, b, padding=(1, 1), mask=mask)
+        if impl != 'sampled':
+            raise ValueError(f"{owner}.impl must be 'auto', 'torchvision' or 'sampled', got {impl!r}")
+        if torch.is_grad_enabled():  # recompute the sampled columns in backward instead of storing them
+            return checkpoint(deform_conv3x3_sampled, *args, use_reentrant=False)
+        return deform_conv3x3_sampled(*args)
+
+
 class DCNv2PackFlowGuided(nn.Module):
     """Flow-guided deformable alignment of 1-3 neighbours (BasicVSR++ style), frame-batched.
 
@@ -109,16 +143,5 @@ class DCNv2PackFlowGuided(nn.Module):
         n, _, h, w = offset.shape
         offset = offset.view(n, k, -1, 2, h, w) + flows.to(work).view(n, k, 1, 2, h, w).flip(3)
         offset = offset.view(n, -1, h, w)
-        impl = self.impl if self.impl != 'auto' else ('sampled' if offset.device.type == 'cpu' else 'torchvision')
-        if deterministic_kernels(offset) and torch.is_grad_enabled():
-            impl = 'sampled'  # torchvision's backward accumulates with atomic adds
-        with autocast_off(offset.device):
-            args = (neighbours.to(work), offset, torch.sigmoid(mask.to(work)), self.weight.to(work), self.bias.to(work))
-            if impl == 'torchvision':
-                x, offset, mask, weight, bias = args
-                return torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)
-            if impl != 'sampled':
-                raise ValueError(f"DCNv2PackFlowGuided.impl must be 'auto', 'torchvision' or 'sampled', got {impl!r}")
-            if torch.is_grad_enabled():  # recompute the sampled columns in backward instead of storing them
-                return checkpoint(deform_conv3x3_sampled, *args, use_reentrant=False)
-            return deform_conv3x3_sampled(*args)
+        return modulated_deform_conv3x3(neighbours, offset, mask, self.weight, self.bias, self.impl,
+                                        type(self).__name__)

@@ -43,7 +43,7 @@ from models.network_discriminator import define_D
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist
 from utils.utils_dist import DistInfo
-from utils.utils_download import ensure_file
+from utils.utils_download import ensure_file_on_rank0
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +55,7 @@ def fetch_vgg19(path: str) -> None:
     Raises:
         FileNotFoundError: the file is missing and could not be downloaded (e.g. offline), on every rank.
     """
-    error = None
-    if not os.path.isfile(path) and utils_dist.get_rank() == 0:
-        try:
-            ensure_file(path, VGG19_URL, VGG19_SHA256_PREFIX)
-        except (RuntimeError, ValueError, OSError) as exc:
-            error = str(exc)
-    error = utils_dist.broadcast_object(error)
+    error = ensure_file_on_rank0(path, VGG19_URL, VGG19_SHA256_PREFIX)
     if error:
         raise FileNotFoundError(f"train.F_vgg19_path = {path!r} is missing and could not be fetched: {error}")
 

@@ -8,10 +8,11 @@ URL to fetch it from.
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from utils.utils_download import sha256_of
 
 __all__ = ["TASKS", "ModelZooError", "TaskSpec"]
 
@@ -39,7 +40,8 @@ class TaskSpec:
         vimeo_mirror: Vimeo-90K SR test of RVRT: 7 frames mirrored to 14, output ``(out[3] + out[10]) / 2``.
         default_sigma: noise level (0-255 scale) used when ``--sigma`` is not given.
         test_sets: the test sets the official script downloads for this task.
-        sha256: SHA-256 of the released file (empty: not checked); the file at its release name is checked.
+        sha256: SHA-256 of the released file, or its leading hex digits (empty: not checked); the file at its
+            release name is checked.
     """
 
     name: str
@@ -73,19 +75,10 @@ class TaskSpec:
             raise ModelZooError(f"model file {path} not found. Download it first (no download at run time):\n"
                                 f"  mkdir -p {os.path.dirname(path) or '.'} && wget -O {path} {self.url}")
         if self.sha256 and os.path.basename(path) == f"{self.name}.pth":
-            digest = file_sha256(path)
+            digest = sha256_of(path)
             if not digest.startswith(self.sha256):
                 raise ModelZooError(f"model file {path} has SHA-256 {digest}, but the release {self.url} has "
                                     f"{self.sha256}: a partial or different download; fetch it again")
-
-
-def file_sha256(path: str) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # Constructor settings of the official test scripts.
@@ -158,30 +151,21 @@ def _specs() -> list[TaskSpec]:
     ]
 
 
-# BasicVSR++ releases: (file stem, mid_channels, num_blocks, is_low_res_input, Vimeo mirror test, test sets,
-# SHA-256). REDS4, Vimeo-90K BI/BD and the NTIRE 2021 models: mmagic's configs/basicvsr_pp (metafile.yml, README);
+# BasicVSR++ releases: (file stem, mid_channels, num_blocks, is_low_res_input, Vimeo mirror test, test sets).
+# REDS4, Vimeo-90K BI/BD and the NTIRE 2021 models: mmagic's configs/basicvsr_pp (metafile.yml, README);
 # DVD and GoPro deblurring: the BasicVSR++ repository's configs (c64n15, full-resolution input). The file names
-# carry the first 8 hex digits of their SHA-256 (mmcv's publishing rule, checked as torchvision checks a download);
-# the full digests come from a public listing of these files and agree with those prefixes.
+# carry the first 8 hex digits of their SHA-256 (mmcv's publishing rule): that prefix is checked, as torchvision and
+# torch.hub check a download.
 _BASICVSRPP = [
-    ("basicvsr_plusplus_c64n7_8x1_600k_reds4_20210217-db622b2f", 64, 7, True, False, ("REDS4",),
-     "db622b2fd4caae0a4c63ab5e54f1cfef7a62a0f3b8ad101aba2eae068d928549"),
-    ("basicvsr_plusplus_c64n7_8x1_300k_vimeo90k_bi_20210305-4ef437e2", 64, 7, True, True, ("Vid4",),
-     "4ef437e27e7ed468853d9bad2e7a02e50fd4582c986a5cb4231054b0021b2e81"),
-    ("basicvsr_plusplus_c64n7_8x1_300k_vimeo90k_bd_20210305-ab315ab1", 64, 7, True, True, ("Vid4",),
-     "ab315ab1d83d09834d43c8ba17d019282a93f0cbf40bfd49be99dfcebf4c12eb"),
-    ("basicvsr_plusplus_deblur_dvd-ecd08b7f", 64, 15, False, False, ("DVD10",),
-     "ecd08b7f938c54f5cd8b2e62cbf4867a1b9e0500ce728bd981a6b99ea1ea9dbf"),
-    ("basicvsr_plusplus_deblur_gopro-3c5bb9b5", 64, 15, False, False, ("GoPro11-part1", "GoPro11-part2"),
-     "3c5bb9b57b74b268624236ae01e7dc5f5d76ca0cdd3577f2f94d92943900f714"),
-    ("basicvsr_plusplus_c128n25_ntire_decompress_track1_20210223-7b2eba02", 128, 25, False, False, (),
-     "7b2eba02a24989bfbf8b2ed4a06c8e6fd5dbeb193b1178ef7171cd1c455ddb0f"),
-    ("basicvsr_plusplus_c128n25_ntire_decompress_track2_20210314-eeae05e6", 128, 25, False, False, (),
-     "eeae05e655b9849d57a7bb732004ebeb75d376cb0bf76792f18ca0f9eb491774"),
-    ("basicvsr_plusplus_c128n25_ntire_decompress_track3_20210304-6daf4a40", 128, 25, False, False, (),
-     "6daf4a405b0ff7221e3ac39b0a5c788468ae17661c577a3353b9fd477d0c983a"),
-    ("basicvsr_plusplus_c128n25_ntire_vsr_20210311-1ff35292", 128, 25, True, False, ("REDS4",),
-     "1ff352921112b84cacc79b23df502a2319d5714d6b26730248839a6e4074c285"),
+    ("basicvsr_plusplus_c64n7_8x1_600k_reds4_20210217-db622b2f", 64, 7, True, False, ("REDS4",)),
+    ("basicvsr_plusplus_c64n7_8x1_300k_vimeo90k_bi_20210305-4ef437e2", 64, 7, True, True, ("Vid4",)),
+    ("basicvsr_plusplus_c64n7_8x1_300k_vimeo90k_bd_20210305-ab315ab1", 64, 7, True, True, ("Vid4",)),
+    ("basicvsr_plusplus_deblur_dvd-ecd08b7f", 64, 15, False, False, ("DVD10",)),
+    ("basicvsr_plusplus_deblur_gopro-3c5bb9b5", 64, 15, False, False, ("GoPro11-part1", "GoPro11-part2")),
+    ("basicvsr_plusplus_c128n25_ntire_decompress_track1_20210223-7b2eba02", 128, 25, False, False, ()),
+    ("basicvsr_plusplus_c128n25_ntire_decompress_track2_20210314-eeae05e6", 128, 25, False, False, ()),
+    ("basicvsr_plusplus_c128n25_ntire_decompress_track3_20210304-6daf4a40", 128, 25, False, False, ()),
+    ("basicvsr_plusplus_c128n25_ntire_vsr_20210311-1ff35292", 128, 25, True, False, ("REDS4",)),
 ]
 
 
@@ -190,8 +174,9 @@ def _basicvsrpp_specs() -> list[TaskSpec]:
     features on the CPU); ``--tile 100 0 0 --tile_overlap 10 0 0`` bounds the device memory of longer videos."""
     return [TaskSpec(name, "basicvsrpp", {"mid_channels": mid, "num_blocks": blocks, "is_low_res_input": low_res,
                                           "cpu_cache_length": 100},
-                     (0, 0, 0), (10, 20, 20), vimeo_mirror=mirror, test_sets=sets, sha256=sha)
-            for name, mid, blocks, low_res, mirror, sets, sha in _BASICVSRPP]
+                     (0, 0, 0), (10, 20, 20), vimeo_mirror=mirror, test_sets=sets,
+                     sha256=name.rsplit("-", 1)[-1])
+            for name, mid, blocks, low_res, mirror, sets in _BASICVSRPP]
 
 
 TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (*_specs(), *_basicvsrpp_specs())}

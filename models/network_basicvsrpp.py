@@ -30,13 +30,11 @@ import os
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from models.basicvsrpp_keymap import from_mmagic
-from models.layers_deform_conv import deform_conv3x3_sampled
-from models.layers_warp import autocast_off, deterministic_kernels, flow_warp
+from models.layers_deform_conv import modulated_deform_conv3x3
+from models.layers_warp import autocast_off, flow_warp
 from models.net_io import NetIO
 from models.network_spynet import SpyNet
 
@@ -141,20 +139,7 @@ class SecondOrderDeformableAlignment(nn.Module):
         # each flow, flipped to (dy, dx), is added to every (group, kernel point) pair of its half of the offsets
         flows = torch.stack([flow_1, flow_2], dim=1).to(work).flip(2)
         offset = (offset.view(n, 2, -1, 2, h, w) + flows.view(n, 2, 1, 2, h, w)).view(n, -1, h, w)
-        impl = self.impl if self.impl != 'auto' else ('sampled' if offset.device.type == 'cpu' else 'torchvision')
-        if deterministic_kernels(offset) and torch.is_grad_enabled():
-            impl = 'sampled'  # torchvision's backward accumulates with atomic adds
-        with autocast_off(offset.device):
-            args = (x.to(work), offset, torch.sigmoid(mask.to(work)), self.weight.to(work), self.bias.to(work))
-            if impl == 'torchvision':
-                inp, off, msk, weight, bias = args
-                return torchvision.ops.deform_conv2d(inp, off, weight, bias, padding=(1, 1), mask=msk)
-            if impl != 'sampled':
-                raise ValueError(f"SecondOrderDeformableAlignment.impl must be 'auto', 'torchvision' or 'sampled', "
-                                 f"got {impl!r}")
-            if torch.is_grad_enabled():  # recompute the sampled columns in backward instead of storing them
-                return checkpoint(deform_conv3x3_sampled, *args, use_reentrant=False)
-            return deform_conv3x3_sampled(*args)
+        return modulated_deform_conv3x3(x, offset, mask, self.weight, self.bias, self.impl, type(self).__name__)
 
 
 class BasicVSRPlusPlus(nn.Module):

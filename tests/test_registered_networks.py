@@ -181,8 +181,9 @@ def test_sigma_for_a_network_without_a_noise_map_is_refused(tmp_path, monkeypatc
 @pytest.mark.parametrize("net_type,data_form", [("vrt", "denoise"), ("rvrt", "sr"), ("videoconvbaseline", "sr")])
 def test_training_data_that_does_not_fit_the_network_is_one_line(net_type, data_form, tmp_path, monkeypatch,
                                                                  capsys):
-    """A 3-channel network on denoising data (RGB + map), a 4-channel denoiser on 3-channel data: refused before
-    the first step, naming both numbers, and no experiment folder is written."""
+    """A 3-channel network on denoising data (RGB + map), a 4-channel denoiser on 3-channel data: the test set is
+    refused when it is built, the training set on the first batch its loader delivers (where the loader's timeout
+    applies), before any step: one line naming both numbers, and no checkpoint is written."""
     monkeypatch.chdir(tmp_path)
     net_form = "sr" if data_form == "denoise" else "denoise"
     opt = _opt(tmp_path, net_type, data_form)
@@ -192,14 +193,16 @@ def test_training_data_that_does_not_fit_the_network_is_one_line(net_type, data_
     tree["scale"] = 4 if net_form == "sr" else 1
     for d in tree["datasets"].values():
         d["scale"] = tree["scale"] if data_form == "sr" else 1
-    with open(opt, "w") as f:
-        json.dump(tree, f)
-    assert main_train_vrt.main(["--opt", opt, "--set", "task=mismatch"]) != 0
     channels = (4, 3) if data_form == "denoise" else (3, 4)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: datasets.train (SyntheticVideoTrainDataset) gives "
-                                               f"{channels[0]} input channels but the network reads {channels[1]}")
-    assert not (tmp_path / "experiments" / "mismatch" / "models").exists()
+    for section, cls in (("test", "SyntheticVideoTestDataset"), ("train", "SyntheticVideoTrainDataset")):
+        with open(opt, "w") as f:
+            json.dump(tree, f)
+        assert main_train_vrt.main(["--opt", opt, "--set", "task=mismatch"]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: datasets.{section} ({cls}) gives {channels[0]} input "
+                                                   f"channels but the network reads {channels[1]}"), err
+        assert not list((tmp_path / "experiments" / "mismatch").glob("models/*.pth"))
+        tree["datasets"].pop("test", None)
 
 
 def test_check_channels_names_both_numbers():

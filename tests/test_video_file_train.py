@@ -181,7 +181,9 @@ def test_a_file_that_breaks_mid_run_is_logged_once_and_its_items_come_from_the_n
     with caplog.at_level(logging.WARNING, logger="data.dataset_video_file_train"):
         keys = [SeededItems(ds, 0)[(0, index)]["key"] for index in range(4)]
     assert [k.split("/")[0] for k in keys] == ["a"] * 4
-    assert [str(tmp_path / "b.mp4") in r.getMessage() for r in caplog.records] == [True]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]  # the INFO summary may pass too
+    assert [str(tmp_path / "b.mp4") in r.getMessage() for r in warnings] == [True]
+
 
 def _epoch(ds, workers: int, seed: int = 5) -> dict[int, dict]:
     loader, sampler = build_train_loader(ds, {"dataloader_batch_size": 2, "dataloader_num_workers": workers},

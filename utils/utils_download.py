@@ -6,6 +6,7 @@ Networks never download; the training flow calls these explicitly (on rank 0, fo
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
 import os
@@ -13,6 +14,8 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from utils import utils_dist
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +93,40 @@ def ensure_file(path: str | os.PathLike, url: str, sha256: str) -> Path:
         return path
     logger.info('%s is missing; downloading %s', path, url)
     return download_verified(url, path, sha256)
+
+
+def ensure_file_on_rank0(path: str, url: str, sha256: str) -> str | None:
+    """Rank 0 fetches a missing ``path`` (:func:`ensure_file`); every rank then gets the same answer, so all of them
+    go on or all stop (under torchrun, one rank failing alone would leave the others waiting).
+
+    Returns:
+        ``None`` when the file is there, else the reason it could not be fetched (the same text on every rank).
+    """
+    error = None
+    if not os.path.isfile(path) and utils_dist.get_rank() == 0:
+        try:
+            ensure_file(path, url, sha256)
+        except (RuntimeError, ValueError, OSError) as exc:
+            error = str(exc)
+    return utils_dist.broadcast_object(error)
+
+
+def download_main(argv: list[str] | None, doc: str, *, label: str, url: str, sha256: str, default_out: str,
+                  out_help: str = "destination file (kept as is if it already exists)") -> int:
+    """The command line of a weight-download script (``--out``, ``--url``): fetch, verify, report in one line.
+
+    Returns:
+        The exit code: 0 when the file is ready, 1 (with the reason logged) when it could not be fetched.
+    """
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=default_out, help=out_help)
+    parser.add_argument("--url", default=url, help="source address (http(s):// or file://)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        path = ensure_file(args.out, args.url, sha256)
+    except RuntimeError as err:
+        logger.error("%s", err)
+        return 1
+    logger.info("%s weights ready at %s", label, path)
+    return 0
