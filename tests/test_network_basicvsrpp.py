@@ -29,6 +29,7 @@ import torch
 import models.network_basicvsrpp as bvpp
 from data.dataset_synthetic import SyntheticVideoTestDataset
 from engine import evaluate
+from models import layers_deform_conv
 from models.basicvsrpp_keymap import from_mmagic, to_mmagic
 from models.layers_warp import force_deterministic_kernels
 from models.model_zoo import TASKS, ModelZooError
@@ -228,8 +229,8 @@ def test_autocast_keeps_flows_and_offsets_fp32(monkeypatch) -> None:
         seen['dcn'] = (x.dtype, offset.dtype, mask.dtype, weight.dtype)
         return real(x, offset, mask, weight, bias)
 
-    real = bvpp.deform_conv3x3_sampled
-    monkeypatch.setattr(bvpp, 'deform_conv3x3_sampled', spy)
+    real = layers_deform_conv.deform_conv3x3_sampled
+    monkeypatch.setattr(layers_deform_conv, 'deform_conv3x3_sampled', spy)
     net = _tiny()
     x = torch.rand(1, 3, 3, 36, 36, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
