@@ -1,8 +1,9 @@
 """Training straight from video files: random clips of a folder (or list file) of videos read with PyAV, no frame
 extraction.
 
-Each video is indexed once (:mod:`data.video_frame_index`: frame timestamps and keyframes, cached beside the data
-and rebuilt when a file changes), so a clip is read by seeking to the keyframe before it and decoding forward.
+Each video is indexed once (:mod:`data.video_frame_index`: frame timestamps and keyframes, cached beside the run,
+or beside the data for a dataset built on its own, and rebuilt when a file changes), so a clip is read by seeking
+to the keyframe before it and decoding forward; only the GT crop of each frame is converted to RGB.
 Clips never cross a file's end, nor, with ``scene_cut_threshold``, a scene cut. The GT clip is cropped and
 augmented, then degraded into the LQ (``degradations``, else x``scale`` bicubic), or read from paired LQ videos
 (``dataroot_lq``), or made noisy for non-blind denoising (``denoise``).
@@ -37,9 +38,11 @@ from utils.utils_video_file import VideoFileError, VideoWriter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INDEX_DIR_NAME", "SYNTHESIZE_DEFAULTS", "VideoFileTrainDataset", "synthesize_videos"]
+__all__ = ["INDEX_DIR_NAME", "RUN_INDEX_DIR", "SYNTHESIZE_DEFAULTS", "VideoFileTrainDataset", "synthesize_videos",
+           "with_run_index_dir"]
 
-INDEX_DIR_NAME = ".vrt_index"
+INDEX_DIR_NAME = ".vrt_index"  # a dataset built outside a run: the cache beside the videos
+RUN_INDEX_DIR = "video_index"  # a dataset built by training: experiments/<task>/video_index
 SYNTHESIZE_DEFAULTS: dict[str, Any] = {"num_videos": 4, "num_frames": 60, "size": [256, 256], "seed": 0}
 SYNTHESIZE_CRF = 12  # near-transparent H.264: the synthetic videos are GT
 SYNTHESIZE_FPS = 25
@@ -119,8 +122,9 @@ class VideoFileTrainDataset(Dataset):
                                    "hard cuts) starts a new scene. Scoring decodes each video once (cached). null: "
                                    "off.", refuse=at_least(0)),
         "index_dir": Opt(OPT_STR, None, "Folder of the frame-index cache (JSON per video, checked against the file's "
-                         f"size and mtime). null: `{INDEX_DIR_NAME}/` in the GT videos' folder when writable, else "
-                         "`$XDG_CACHE_HOME/vrt/video_index` (`~/.cache/...`)."),
+                         f"size and mtime). null: beside the run, `experiments/<task>/{RUN_INDEX_DIR}/`, when "
+                         f"training builds the dataset; a dataset built on its own uses `{INDEX_DIR_NAME}/` in the GT "
+                         "videos' folder when writable, else `$XDG_CACHE_HOME/vrt/video_index` (`~/.cache/...`)."),
         "strict": Opt(bool, False, "Fail on any bad video file instead of skipping it (the message lists each file "
                       "and why)."),
         "check_data": Opt(bool, True, "When a video is indexed, decode its first and last frame (the last by "
@@ -272,34 +276,42 @@ class VideoFileTrainDataset(Dataset):
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
-    def _start(self, video: int, frame: int, span: int) -> int:
+    def _start(self, video: int, frame: int, span: int, pick: random.Random) -> int:
         """``frame`` when a clip of ``span`` frames may start there (``-1``: never), else a random valid start."""
         count, cuts = self.videos[video][0].num_frames, self._cuts[video]
         if cuts is None:
-            return frame if 0 <= frame <= count - span else random.randrange(count - span + 1)
+            return frame if 0 <= frame <= count - span else pick.randrange(count - span + 1)
         starts = _valid_starts(count, cuts, span)
         at = int(np.searchsorted(starts, frame))
         if frame >= 0 and at < len(starts) and starts[at] == frame:
             return frame
-        return int(starts[random.randrange(len(starts))])
+        return int(starts[pick.randrange(len(starts))])
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self):
             raise IndexError(f"{type(self).__name__}: index {index} out of range [0, {len(self)})")
         video = int(np.searchsorted(self._offsets, index, side="right")) - 1
         first = index - int(self._offsets[video]) if self.per_frame else -1
+        # one draw from the item's seeded stream; each attempt (video) then draws its clip from its own generator,
+        # so the item is the same in a process that has not yet seen a file fail as in one that has
+        base = random.getrandbits(64)
         for attempt in range(len(self.videos)):
             v = (video + attempt) % len(self.videos)
             gt_index, lq_index = self.videos[v]
             if gt_index.path in self._failed:
                 continue
-            interval = random.choice(self.interval_list)
-            start = self._start(v, first if v == video else -1, (self.num_frame - 1) * interval + 1)
+            pick = random.Random(f"{base}/{attempt}")
+            interval = pick.choice(self.interval_list)
+            start = self._start(v, first if v == video else -1, (self.num_frame - 1) * interval + 1, pick)
             frames = list(range(start, start + self.num_frame * interval, interval))
-            if self.random_reverse and random.random() < 0.5:
+            if self.random_reverse and pick.random() < 0.5:
                 frames = frames[::-1]
+            # unpaired: the GT window is drawn here and only it is converted to RGB (the same bits, far faster)
+            crop = None if lq_index is not None else (pick.randint(0, gt_index.height - self.gt_size),
+                                                      pick.randint(0, gt_index.width - self.gt_size),
+                                                      self.gt_size, self.gt_size)
             try:
-                gts = self.reader.read(gt_index, frames)
+                gts = self.reader.read(gt_index, frames, crop)
                 lqs = self.reader.read(lq_index, frames) if lq_index is not None else None
             except _READ_ERRORS as e:
                 self._failed.add(gt_index.path)
@@ -312,12 +324,12 @@ class VideoFileTrainDataset(Dataset):
 
     def _make(self, gts: list[np.ndarray], lqs: list[np.ndarray] | None, key: str) -> tuple[torch.Tensor,
                                                                                          torch.Tensor]:
-        """Crop, augment and degrade RGB uint8 ``(H, W, 3)`` frames -> ``(L (T, C, h, w), H (T, 3, H, W))``."""
+        """Crop (paired LQ/GT; the GT alone comes cropped), augment and degrade RGB uint8 ``(H, W, 3)`` frames ->
+        ``(L (T, C, h, w), H (T, 3, H, W))``."""
         if lqs is not None:
             gts, lqs = utils_video.paired_random_crop(gts, lqs, self.gt_size, self.scale, key)
             out = utils_video.augment(lqs + gts, self.use_hflip, self.use_rot)
             return _to_tensor(np.stack(out[:len(lqs)])), _to_tensor(np.stack(out[len(lqs):]))
-        gts, _ = utils_video.paired_random_crop(gts, gts, self.gt_size, 1, key)
         clip = np.stack(utils_video.augment(gts, self.use_hflip, self.use_rot))  # (T, H, W, 3) uint8
         if self.degradation is not None:
             rng = np.random.default_rng(np.random.randint(2**32, dtype=np.uint64))  # from the item's seeded state
@@ -344,6 +356,19 @@ def _valid_starts(num_frames: int, cuts: np.ndarray | None, span: int) -> np.nda
     if cuts is None or not len(starts):
         return starts
     return starts[cuts[starts + span - 1] == cuts[starts]]
+
+
+def with_run_index_dir(dataset_opt: dict[str, Any], task_dir: str) -> dict[str, Any]:
+    """The dataset section as training builds it: a :class:`VideoFileTrainDataset` whose ``index_dir`` is unset
+    keeps its frame index beside the run (``<task_dir>/video_index``); any other section is returned as it is.
+
+    Returns a new dict (the parsed options are not modified). The cache files are written atomically (a unique
+    temporary name, then ``os.replace``), so ranks or runs indexing at once never leave a torn entry.
+    """
+    if str(dataset_opt.get("dataset_type", "")).lower() != VideoFileTrainDataset.__name__.lower() or \
+            dataset_opt.get("index_dir"):
+        return dataset_opt
+    return {**dataset_opt, "index_dir": os.path.join(task_dir, RUN_INDEX_DIR)}
 
 
 def _default_index_dir(root: str) -> str:

@@ -27,9 +27,11 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import av
+import av.filter
 import numpy as np
 
 # the conversion VideoReader applies, so that a frame read here equals the frame a full decode gives
@@ -41,6 +43,8 @@ __all__ = ["INDEX_VERSION", "FrameIndex", "VideoClipReader", "index_cache_path",
 
 INDEX_VERSION = 1
 MAX_OPEN = 4  # containers kept open per process (per dataset)
+CROP_MARGIN = 16  # pixels kept around a window while it is converted (the bicubic chroma filter reads about 4)
+CROP_ALIGN = 4  # window offsets are multiples of this (chroma subsampling up to 4:1:1 / 4:1:0 stays aligned)
 _HIST_SIZE = (36, 64)  # (h, w) the frames are shrunk to for the scene-change histograms
 _HIST_BINS = 16
 _HIST_SHIFT = 4  # 8-bit levels -> _HIST_BINS bins
@@ -276,6 +280,7 @@ class VideoClipReader:
         self.max_open = max_open
         self._containers: OrderedDict[str, av.container.InputContainer] = OrderedDict()
         self._pid = os.getpid()
+        self._crop: _Window | None = None  # the window of the read in progress
 
     def __getstate__(self) -> dict[str, Any]:
         return {"max_open": self.max_open}
@@ -305,11 +310,20 @@ class VideoClipReader:
             self._containers.popitem(last=False)[1].close()
         return container
 
-    def read(self, index: FrameIndex, frames: Sequence[int]) -> list[np.ndarray]:
+    def read(self, index: FrameIndex, frames: Sequence[int],
+             crop: tuple[int, int, int, int] | None = None) -> list[np.ndarray]:
         """Frames ``frames`` (display indices, any order, repeats allowed) of ``index``'s file.
 
+        Args:
+            index: the file's index.
+            frames: display indices.
+            crop: ``(top, left, height, width)``: return only this window of each frame. Only the window (plus a
+                margin for the chroma filter) is converted to RGB, which is much faster on large frames; the
+                pixels are the same bits as the window of the whole frame's conversion.
+
         Returns:
-            One RGB ``(H, W, 3)`` uint8 array per entry of ``frames``, equal to that frame of a full decode.
+            One RGB ``(H, W, 3)`` uint8 array per entry of ``frames``, equal to that frame (or window) of a full
+            decode.
 
         Raises:
             VideoFileError: a frame outside the file, a decoding failure, or frames the file does not hold where
@@ -319,6 +333,12 @@ class VideoClipReader:
         if not wanted or wanted[0] < 0 or wanted[-1] >= index.num_frames:
             raise VideoFileError(f"{index.path}: frames {wanted[:1]}..{wanted[-1:]} are outside its "
                                  f"{index.num_frames} frames")
+        if crop is not None:
+            top, left, height, width = crop
+            if min(crop) < 0 or not (height and width) or top + height > index.height or left + width > index.width:
+                raise VideoFileError(f"{index.path}: the window {crop} (top, left, height, width) is outside its "
+                                     f"{index.width}x{index.height} frames")
+        self._crop = None if crop is None else _Window(index, crop)
         try:
             got = self._decode(index, wanted)
         except av.FFmpegError as e:
@@ -326,6 +346,8 @@ class VideoClipReader:
             if broken is not None:
                 broken.close()
             raise VideoFileError(f"{index.path}: cannot decode ({e})") from e
+        finally:
+            self._crop = None
         missing = [i for i in wanted if i not in got]
         if missing:
             raise VideoFileError(f"{index.path}: frames {missing[:5]} not found where its index puts them (was it "
@@ -387,9 +409,44 @@ class VideoClipReader:
         if position < len(pts) and pts[position] == frame.pts and position in targets:
             out[position] = self._rgb(index, frame, position)
 
-    @staticmethod
-    def _rgb(index: FrameIndex, frame: av.VideoFrame, position: int) -> np.ndarray:
+    def _rgb(self, index: FrameIndex, frame: av.VideoFrame, position: int) -> np.ndarray:
         if (frame.width, frame.height) != (index.width, index.height):
             raise VideoFileError(f"{index.path}: frame {position} is {frame.width}x{frame.height} but the video is "
                                  f"{index.width}x{index.height}; the frame size must not change mid-stream")
-        return frame_to_rgb(frame)
+        return frame_to_rgb(frame) if self._crop is None else self._crop(frame)
+
+
+class _Window:
+    """Converts one window of a clip's frames to RGB: FFmpeg's ``crop`` filter cuts the decoded frame (keeping its
+    colour tags and chroma siting) to the window plus :data:`CROP_MARGIN` pixels on each side, at offsets that keep
+    the chroma samples aligned; that is converted and the margin cut off. The chroma filter of the conversion reads
+    a few samples around each pixel, so inside the margin the bits equal those of converting the whole frame."""
+
+    def __init__(self, index: FrameIndex, crop: tuple[int, int, int, int]) -> None:
+        top, left, height, width = crop
+        align = CROP_ALIGN
+        self.y0, self.x0 = max(top - CROP_MARGIN, 0) // align * align, max(left - CROP_MARGIN, 0) // align * align
+        y1 = min(-(-(top + height + CROP_MARGIN) // align) * align, index.height)
+        x1 = min(-(-(left + width + CROP_MARGIN) // align) * align, index.width)
+        self.size = (y1 - self.y0, x1 - self.x0)
+        self.rows = slice(top - self.y0, top - self.y0 + height)
+        self.cols = slice(left - self.x0, left - self.x0 + width)
+        self.whole = self.size == (index.height, index.width)
+        self._graph: tuple[av.filter.Graph, str] | None = None
+
+    def __call__(self, frame: av.VideoFrame) -> np.ndarray:
+        if self.whole:
+            return np.ascontiguousarray(frame_to_rgb(frame)[self.rows, self.cols])
+        key = f"{frame.format.name} {frame.width}x{frame.height}"
+        if self._graph is None or self._graph[1] != key:
+            graph = av.filter.Graph()
+            source = graph.add_buffer(width=frame.width, height=frame.height, format=frame.format,
+                                      time_base=frame.time_base or Fraction(1, 25))
+            cut = graph.add("crop", f"w={self.size[1]}:h={self.size[0]}:x={self.x0}:y={self.y0}:exact=1")
+            source.link_to(cut)
+            cut.link_to(graph.add("buffersink"))
+            graph.configure()
+            self._graph = (graph, key)
+        graph = self._graph[0]
+        graph.push(frame)
+        return np.ascontiguousarray(frame_to_rgb(graph.pull())[self.rows, self.cols])

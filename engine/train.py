@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.dataset_video_file_train import with_run_index_dir
 from data.select_dataset import define_Dataset
 from engine.preemption import StopRequest
 from engine.resume import (
@@ -81,7 +82,7 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
         if "train" not in {k.split("_")[0] for k in datasets}:
             raise ConfigError("option 'datasets' needs a 'train' entry")
         train_key = next(k for k in datasets if k.startswith("train"))
-        train_set = define_Dataset(datasets[train_key])
+        train_set = define_Dataset(with_run_index_dir(datasets[train_key], opt["path"]["task"]))
         test_key = next((k for k in datasets if k.startswith("test")), None)
         test_set = define_Dataset(datasets[test_key]) if test_key else None
         model = define_Model(opt, dist_info)

@@ -25,7 +25,7 @@ from tests.support.video_helpers import moving_frames
 from utils.utils_dataloader import ResumableSampler, SeededItems, build_train_loader
 from utils.utils_option import OptionError
 from utils.utils_video import DataCheckError
-from utils.utils_video_file import VideoReader
+from utils.utils_video_file import VideoFileError, VideoReader
 
 SIZE = 64  # frames are SIZE x SIZE; the top-left 16 x 16 block holds the frame number as a grey level
 X264 = "keyint={keyint}:min-keyint={keyint}:bframes=3:b-adapt=0:scenecut=0:open-gop={open_gop}"
@@ -185,6 +185,47 @@ def test_a_file_that_breaks_mid_run_is_logged_once_and_its_items_come_from_the_n
     assert [str(tmp_path / "b.mp4") in r.getMessage() for r in warnings] == [True]
 
 
+def test_an_item_does_not_depend_on_which_failures_the_process_has_seen(tmp_path) -> None:
+    """A worker that already saw a file fail skips it at once; one that has not tries it first, then moves on:
+    both give the item the same clip, crop and flips (the retry draws from the item's stream and the attempt)."""
+    for name in ("a", "b", "c"):
+        _write_h264(tmp_path / f"{name}.mp4", _numbered(12), keyint=4)
+    fresh = VideoFileTrainDataset(_opt(tmp_path, gt_size=32, interval_list=[1, 2], random_reverse=True,
+                                       use_hflip=True, use_rot=True, clips_per_video=3))
+    (tmp_path / "b.mp4").write_bytes(b"overwritten during the run")
+    informed = copy.deepcopy(fresh)
+    SeededItems(informed, 0)[(0, 3)]  # an item of b: its failure is recorded in this process only
+    assert informed._failed == {str(tmp_path / "b.mp4")} and not fresh._failed
+    for index in range(9):
+        naive = copy.deepcopy(fresh)  # has not seen b fail yet
+        a, b = SeededItems(informed, 4)[(1, index)], SeededItems(naive, 4)[(1, index)]
+        assert a["key"] == b["key"] and not a["key"].startswith("b/"), (index, a["key"], b["key"])
+        assert torch.equal(a["H"], b["H"]) and torch.equal(a["L"], b["L"]), index
+
+
+def test_a_cropped_read_equals_the_window_of_the_whole_frame(tmp_path) -> None:
+    """Only the GT window is converted to RGB (with a margin for the chroma filter): the same bits as cutting the
+    window out of the whole frame's conversion, at the frame's edges too, on H.264 with B-frames."""
+    rng = np.random.default_rng(0)
+    frames = [np.clip(f.astype(np.int16) + rng.integers(-60, 60, f.shape), 0, 255).astype(np.uint8)
+              for f in moving_frames(6, 70, 90)]  # noisy colour: the chroma filter's reach shows
+    path = _write_h264(tmp_path / "clip.mp4", frames, keyint=3, crf=20)
+    index = scan_video(path, check=False)
+    reader = VideoClipReader()
+    full = reader.read(index, range(6))
+    windows = [(0, 0, 70, 90), (0, 0, 17, 23), (53, 67, 17, 23), (1, 3, 31, 31), (30, 41, 9, 5), (7, 0, 1, 90)]
+    windows += [(int(rng.integers(0, 70 - h)), int(rng.integers(0, 90 - w)), h, w)
+                for h, w in rng.integers(1, 40, (10, 2))]
+    for top, left, h, w in windows:
+        got = reader.read(index, [5, 1, 2], (top, left, h, w))
+        for frame, i in zip(got, [5, 1, 2]):
+            assert frame.shape == (h, w, 3) and frame.flags["C_CONTIGUOUS"]
+            np.testing.assert_array_equal(frame, full[i][top:top + h, left:left + w], err_msg=f"{(top, left, h, w)}")
+    with pytest.raises(VideoFileError, match="window"):
+        reader.read(index, [0], (60, 0, 11, 8))
+    reader.close()
+
+
 def _epoch(ds, workers: int, seed: int = 5) -> dict[int, dict]:
     loader, sampler = build_train_loader(ds, {"dataloader_batch_size": 2, "dataloader_num_workers": workers},
                                          rank=0, world_size=1, seed=seed, accum_steps=1, pin_memory=False)
@@ -274,12 +315,15 @@ def test_two_processes_write_the_videos_once_and_train_on_their_shards(tmp_path)
     report = tmp_path / "report"
     report.mkdir()
     assert_ok(torchrun(2, ["--opt", opt], base_env(str(report), TEST_LOG_ITEMS="1"), str(tmp_path)))
-    assert sorted(os.listdir(data)) == [".vrt_index", "synthetic_000.mp4", "synthetic_001.mp4"]
+    assert sorted(os.listdir(data)) == ["synthetic_000.mp4", "synthetic_001.mp4"]  # the index is beside the run
+    index_dir = tmp_path / "experiments" / TINY_OPT["task"] / "video_index"
+    assert sorted(n.split(".")[0] for n in os.listdir(index_dir)) == ["synthetic_000", "synthetic_001"]
     assert os.listdir(tmp_path).count("videos") == 1 and not [n for n in os.listdir(tmp_path) if ".tmp" in n]
     ranks = reports(str(report))
     assert [r["rc"] for r in ranks] == [0, 0]
-    assert any(w.startswith(str(data)) for w in ranks[0]["writes"])
+    assert any(w.startswith(str(index_dir)) for w in ranks[0]["writes"])  # rank 0 indexed, rank 1 read its cache
     assert not [w for w in ranks[1]["writes"] if w.startswith(str(data))], "rank 1 wrote into the data folder"
+    assert not [w for w in ranks[1]["writes"] if w.startswith(str(index_dir))], "rank 1 rebuilt rank 0's index"
     # the two ranks trained on their shards of the epoch: together, the items one process makes for those keys
     logged = []
     for name in os.listdir(report):
