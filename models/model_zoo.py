@@ -2,7 +2,12 @@
 
 ``TASKS`` maps the task names of the official test scripts (``main_test_vrt.py`` of VRT, ``main_test_rvrt.py`` of
 KAIR) to a :class:`TaskSpec`. Nothing here downloads: a missing weight file is one clear error naming the release
-URL to fetch it from.
+URL to fetch it from (or, where no direct file URL is verified, the folder the authors publish it in).
+
+What is checked of a file saved under its release name: its full SHA-256 where the digest is known
+(``TaskSpec.sha256``), else the leading hex digits the official file name carries (``TaskSpec.sha256_prefix``: the
+first 8 hex digits, mmcv's ``publish_model`` rule, as torchvision and torch.hub check theirs), else nothing (the
+VRT and RVRT releases publish no digest).
 """
 
 from __future__ import annotations
@@ -40,8 +45,12 @@ class TaskSpec:
         vimeo_mirror: Vimeo-90K SR test of RVRT: 7 frames mirrored to 14, output ``(out[3] + out[10]) / 2``.
         default_sigma: noise level (0-255 scale) used when ``--sigma`` is not given.
         test_sets: the test sets the official script downloads for this task.
-        sha256: SHA-256 of the released file, or its leading hex digits (empty: not checked); the file at its
-            release name is checked.
+        sha256: the full SHA-256 (64 hex digits) of the released file, where known; checked in full.
+        sha256_prefix: the leading hex digits of the SHA-256 that the official file name carries; checked when no
+            full digest is known (both empty: not checked). Only a file saved under the release's own name is
+            checked (any other path may be a user's own weights).
+        published_in: where the weights are published when no direct file URL is verified (a shared folder); the
+            missing-file error then names it and the file name to save, and :attr:`url` is empty.
     """
 
     name: str
@@ -53,6 +62,18 @@ class TaskSpec:
     default_sigma: int = 0
     test_sets: tuple[str, ...] = field(default_factory=tuple)
     sha256: str = ""
+    sha256_prefix: str = ""
+    published_in: str = ""
+
+    def __post_init__(self) -> None:
+        for value, length in ((self.sha256, 64), (self.sha256_prefix, 0)):
+            if value and (value != value.lower() or any(ch not in "0123456789abcdef" for ch in value)
+                          or (length and len(value) != length)):
+                raise ValueError(f"TaskSpec {self.name}: {value!r} is not a lower-case hex SHA-256"
+                                 f"{' (64 digits)' if length else ' prefix'}")
+        if self.sha256 and self.sha256_prefix and not self.sha256.startswith(self.sha256_prefix):
+            raise ValueError(f"TaskSpec {self.name}: sha256 {self.sha256} does not start with its name's prefix "
+                             f"{self.sha256_prefix}")
 
     def net_kwargs(self) -> dict[str, Any]:
         """A fresh copy of the constructor kwargs."""
@@ -60,8 +81,8 @@ class TaskSpec:
 
     @property
     def url(self) -> str:
-        """Release URL of the weight file."""
-        return f"{RELEASES[self.net_type]}/{self.name}.pth"
+        """Release URL of the weight file (empty when only the folder :attr:`published_in` is known)."""
+        return "" if self.published_in else f"{RELEASES[self.net_type]}/{self.name}.pth"
 
     @property
     def default_model_path(self) -> str:
@@ -69,16 +90,26 @@ class TaskSpec:
         return os.path.join("model_zoo", self.net_type, f"{self.name}.pth")
 
     def check_model_file(self, path: str) -> None:
-        """Raise :class:`ModelZooError` with the download URL when ``path`` does not exist, or when the file under
-        the release's own name does not have the release's SHA-256 (a partial or another download)."""
+        """Raise :class:`ModelZooError` saying where to get the file when ``path`` does not exist, or when the file
+        under the release's own name fails the SHA-256 check (a partial or another download): the full digest
+        where known, else the prefix the release's name carries."""
         if not os.path.isfile(path):
+            if self.published_in:
+                raise ModelZooError(f"model file {path} not found. Download {self.name}.pth from {self.published_in} "
+                                    f"(where its authors publish it; no direct link is verified) and save it as "
+                                    f"{path}; nothing is downloaded at run time")
             raise ModelZooError(f"model file {path} not found. Download it first (no download at run time):\n"
                                 f"  mkdir -p {os.path.dirname(path) or '.'} && wget -O {path} {self.url}")
-        if self.sha256 and os.path.basename(path) == f"{self.name}.pth":
-            digest = sha256_of(path)
-            if not digest.startswith(self.sha256):
-                raise ModelZooError(f"model file {path} has SHA-256 {digest}, but the release {self.url} has "
-                                    f"{self.sha256}: a partial or different download; fetch it again")
+        if os.path.basename(path) != f"{self.name}.pth" or not (self.sha256 or self.sha256_prefix):
+            return
+        digest = sha256_of(path)
+        if self.sha256 and digest != self.sha256:
+            raise ModelZooError(f"model file {path} has SHA-256 {digest}, but the release {self.name}.pth has "
+                                f"{self.sha256}: a partial or different download; fetch it again")
+        if not self.sha256 and not digest.startswith(self.sha256_prefix):
+            raise ModelZooError(f"model file {path} has SHA-256 {digest}, but the release {self.name}.pth has one "
+                                f"starting with {self.sha256_prefix} (the prefix its name carries; the full digest "
+                                f"is not published): a partial or different download; fetch it again")
 
 
 # Constructor settings of the official test scripts.
@@ -152,10 +183,15 @@ def _specs() -> list[TaskSpec]:
 
 
 # BasicVSR++ releases: (file stem, mid_channels, num_blocks, is_low_res_input, Vimeo mirror test, test sets).
-# REDS4, Vimeo-90K BI/BD and the NTIRE 2021 models: mmagic's configs/basicvsr_pp (metafile.yml, README);
-# DVD and GoPro deblurring: the BasicVSR++ repository's configs (c64n15, full-resolution input). The file names
-# carry the first 8 hex digits of their SHA-256 (mmcv's publishing rule): that prefix is checked, as torchvision and
-# torch.hub check a download.
+# REDS4, Vimeo-90K BI/BD and the NTIRE 2021 models: mmagic's configs/basicvsr_pp (metafile.yml, README), files under
+# BASICVSRPP_RELEASE. DVD and GoPro deblurring: the BasicVSR++ repository's configs (c64n15, full-resolution input);
+# its README publishes the deblurring (and denoising) weights in a Dropbox folder (BASICVSRPP_AUTHOR_FOLDER), and
+# neither mmagic's nor that repository's metafile lists them. Their file names are the ones third-party mirrors use
+# (HolyWu/vs-basicvsrpp's "model" release, download scripts); a download.openmmlab.com URL of the same name that
+# some scripts use is UNVERIFIED (not in any OpenMMLab listing), so it is not given as their URL.
+# Every file name ends in the first 8 hex digits of the file's SHA-256 (mmcv's publish_model rule): that prefix is
+# checked. Full digests are not published by OpenMMLab; REDS4's is the one reported identically by independent
+# public download scripts (starting with its name's prefix), so it is checked in full.
 _BASICVSRPP = [
     ("basicvsr_plusplus_c64n7_8x1_600k_reds4_20210217-db622b2f", 64, 7, True, False, ("REDS4",)),
     ("basicvsr_plusplus_c64n7_8x1_300k_vimeo90k_bi_20210305-4ef437e2", 64, 7, True, True, ("Vid4",)),
@@ -169,13 +205,22 @@ _BASICVSRPP = [
 ]
 
 
+BASICVSRPP_AUTHOR_FOLDER = "https://www.dropbox.com/sh/gopo637rbutlxde/AACGnXDlvQMjwfCey3m2g34za?dl=0"
+_BASICVSRPP_IN_AUTHOR_FOLDER = ("basicvsr_plusplus_deblur_dvd-ecd08b7f", "basicvsr_plusplus_deblur_gopro-3c5bb9b5")
+_BASICVSRPP_SHA256 = {
+    "basicvsr_plusplus_c64n7_8x1_600k_reds4_20210217-db622b2f":
+        "db622b2fd4caae0a4c63ab5e54f1cfef7a62a0f3b8ad101aba2eae068d928549",
+}
+
+
 def _basicvsrpp_specs() -> list[TaskSpec]:
     """Whole clips and frames, as the official evaluation (past ``cpu_cache_length`` frames the network keeps its
     features on the CPU); ``--tile 100 0 0 --tile_overlap 10 0 0`` bounds the device memory of longer videos."""
     return [TaskSpec(name, "basicvsrpp", {"mid_channels": mid, "num_blocks": blocks, "is_low_res_input": low_res,
                                           "cpu_cache_length": 100},
                      (0, 0, 0), (10, 20, 20), vimeo_mirror=mirror, test_sets=sets,
-                     sha256=name.rsplit("-", 1)[-1])
+                     sha256=_BASICVSRPP_SHA256.get(name, ""), sha256_prefix=name.rsplit("-", 1)[-1],
+                     published_in=BASICVSRPP_AUTHOR_FOLDER if name in _BASICVSRPP_IN_AUTHOR_FOLDER else "")
             for name, mid, blocks, low_res, mirror, sets in _BASICVSRPP]
 
 

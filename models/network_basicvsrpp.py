@@ -153,7 +153,8 @@ class BasicVSRPlusPlus(nn.Module):
             decompression), features and flows at 1/4 resolution.
         spynet_path: SpyNet weights (``{'params': ...}``, BasicSR's layout); ``None`` keeps random weights. A
             missing file is an error; nothing is downloaded.
-        cpu_cache_length: longer clips on a non-CPU device keep their features and flows on the CPU.
+        cpu_cache_length: longer clips on a non-CPU device keep their features and flows on the CPU (in training
+            too, as the reference: the moves are differentiable).
     """
 
     def __init__(self, mid_channels: int = 64, num_blocks: int = 7, max_residue_magnitude: float = 10,
@@ -166,6 +167,9 @@ class BasicVSRPlusPlus(nn.Module):
         self.mid_channels = mid_channels
         self.is_low_res_input = is_low_res_input
         self.cpu_cache_length = cpu_cache_length
+        # tests only: cache mode on any device, the CPU included, where the moves to and from the CPU are no-ops but
+        # every other step of the mode runs (chunked SpyNet, per-step moves, features kept in lists on the "store")
+        self._force_cpu_cache = False
         c = mid_channels
 
         self.spynet = SpyNet(spynet_path, return_levels=(5,))
@@ -329,7 +333,9 @@ class BasicVSRPlusPlus(nn.Module):
         self.check_input(lqs)
         n, t, c, h, w = lqs.shape
         device = lqs.device
-        cache = t > self.cpu_cache_length and device.type != 'cpu'
+        # as mmagic (``t > cpu_cache_length and lqs.is_cuda``) and BasicSR, in training too: the moves are
+        # differentiable, so gradients flow back through the cached features to the device
+        cache = t > self.cpu_cache_length and (device.type != 'cpu' or self._force_cpu_cache)
         store = torch.device('cpu') if cache else device
         if self.is_low_res_input:
             lqs_flow = lqs
