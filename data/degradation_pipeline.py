@@ -17,7 +17,8 @@ and its count, ``blur1``, ``blur2``, ...), ``prob`` (the chance it runs on a cli
 Every random choice of a clip comes from the generator passed in, once per clip (``vary`` lets a parameter drift
 linearly over the frames), so a clip's LQ is a function of the GT and the generator's state. After the operations
 the clip is resized to exactly GT / scale if it is not that size yet (``area`` when shrinking, else ``bicubic``)
-and clipped to [0, 1]. The GT array is never written to.
+and clipped to [0, 1]. The GT array is never written to. A CPU torch tensor GT (same layout and dtypes) gives a tensor
+LQ with the same values.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
 from data.degradation_ops import OPERATIONS, Clip, Context, DegradationError, Operation
 from data.degradations import resize_clip, to_float32
@@ -242,20 +244,28 @@ class Degradation:
         self.ops = ops
         self.scale = scale
 
-    def __call__(self, gt: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, gt: np.ndarray | torch.Tensor, rng: np.random.Generator) -> np.ndarray | torch.Tensor:
         """Degrade one clip.
 
         Args:
-            gt: ``(T, H, W, 3)`` RGB, uint8 levels or float32 in [0, 1]; not modified.
+            gt: ``(T, H, W, 3)`` RGB, uint8 levels or float32 in [0, 1], a numpy array or a CPU torch tensor (the
+                same layout); not modified.
             rng: the clip's generator; every random choice is drawn from it, in a fixed order.
 
         Returns:
-            float32 ``(T, H // scale, W // scale, 3)`` in [0, 1], a new array.
+            float32 ``(T, H // scale, W // scale, 3)`` in [0, 1], a new array, or a new CPU tensor for a tensor
+            input (the same values as for the array of the same numbers).
         """
+        if isinstance(gt, torch.Tensor):
+            if gt.device.type != "cpu" or gt.requires_grad:
+                raise ValueError(f"degradation: a tensor GT clip must be a CPU tensor without grad (loader workers "
+                                 f"degrade), got one on {gt.device} (requires_grad={gt.requires_grad})")
+            return torch.from_numpy(self(gt.numpy(), rng))
         if not isinstance(gt, np.ndarray) or gt.ndim != 4 or gt.shape[3] != 3 or gt.dtype not in (np.uint8,
                                                                                                     np.float32):
             what = f"{gt.dtype} {gt.shape}" if isinstance(gt, np.ndarray) else type(gt).__name__
-            raise ValueError(f"degradation: the GT clip must be a (T, H, W, 3) uint8 or float32 array, got {what}")
+            raise ValueError(f"degradation: the GT clip must be a (T, H, W, 3) uint8 or float32 array or CPU tensor, "
+                             f"got {what}")
         target = (gt.shape[1] // self.scale, gt.shape[2] // self.scale)
         if min(target) < 1 or gt.shape[0] < 1:
             raise ValueError(f"degradation: a {gt.shape[2]}x{gt.shape[1]} GT clip of {gt.shape[0]} frames has no "

@@ -56,13 +56,14 @@ cv2.setNumThreads(2); torch.set_num_threads(2)
 from data.dataset_synthetic import render_clip
 from data.degradation_codec import compress_clip
 from data.degradation_pipeline import build_degradation
-spec, seeds = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+specs, seeds = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 gt = render_clip(np.random.default_rng(0), 6, 64, 64)
-degrade = build_degradation(spec, 4)
 for h, w in ((20, 36), (24, 40)):
     compress_clip(np.random.default_rng(1).random((4, h, w, 3), dtype=np.float32), "libx265", crf=30)
-print(json.dumps([hashlib.sha256(degrade(gt, np.random.default_rng(s)).tobytes()).hexdigest() for s in seeds]))
+print(json.dumps([[hashlib.sha256(build_degradation(spec, 4)(gt, np.random.default_rng(s)).tobytes()).hexdigest()
+                   for s in seeds] for spec in specs]))
 """
+CHILD_SPECS = [ALL_OPS, "realbasicvsr"]  # every operation; the preset whose codecs run in bitrate mode
 
 
 @pytest.fixture(scope="module")
@@ -155,15 +156,22 @@ def test_poisson_noise_scales_with_the_level_and_the_scale():
     assert ((dark - 8 / 255) * 255).std() == pytest.approx(math.sqrt(8), rel=0.05)
 
 
-def test_jpeg_and_codec_error_fall_with_quality(clip):
+def test_jpeg_and_codec_error_fall_with_quality_crf_qscale_and_bitrate(clip):
     psnr = [_psnr(dg.jpeg_clip(clip, np.full(6, q)), clip) for q in (20, 50, 90)]
     assert psnr[0] < psnr[1] < psnr[2], psnr
     settings = {"libx264": ("crf", (42, 30, 18)), "libx265": ("crf", (42, 30, 18)),
                 "mpeg4": ("qscale", (24, 10, 2)), "libvpx-vp9": ("crf", (55, 35, 15))}
+    # bitrate mode (the realbasicvsr preset's): bits per second at 25 fps, low to high
+    bitrates = {"libx264": (1e4, 3e4, 1e5), "libx265": (1e4, 3e4, 1e5), "mpeg4": (1e3, 3e3, 1e4),
+                "libvpx-vp9": (1e3, 3e3, 1e4)}
     for codec in available_encoders():
         key, values = settings[codec]
         psnr = [_psnr(compress_clip(clip, codec, **{key: v}), clip) for v in values]
         assert psnr[0] < psnr[1] < psnr[2], (codec, psnr)
+        psnr = [_psnr(compress_clip(clip, codec, bitrate=b, fps=25), clip) for b in bitrates[codec]]
+        assert psnr[0] < psnr[1] < psnr[2], (codec, "bitrate", psnr)
+        assert _digest(compress_clip(clip, codec, bitrate=3e3, fps=25)) == _digest(
+            compress_clip(clip, codec, bitrate=3e3, fps=25)), codec  # repeatable, as crf / qscale are
     # inter-frame coding: changing frame 0 changes the decoded frame 4, whose input is the same (JPEG: it does not)
     other = clip.copy()
     other[0] = clip[0, ::-1]
@@ -216,6 +224,24 @@ def test_every_preset_gives_exactly_gt_over_scale_and_leaves_gt_alone():
         build_degradation("bd", 1)
 
 
+def test_torch_cpu_tensors_in_give_tensors_with_the_same_values_out():
+    gt8 = (render_clip(np.random.default_rng(1), 3, 32, 40) * 255).round().astype(np.uint8)
+    degrade = build_degradation("realbasicvsr", 4)
+    for gt in (gt8, gt8.astype(np.float32) / 255):
+        tensor = torch.from_numpy(gt.copy())
+        lq = degrade(tensor, np.random.default_rng(3))
+        assert isinstance(lq, torch.Tensor) and lq.dtype == torch.float32 and lq.shape == (3, 8, 10, 3)
+        assert np.array_equal(lq.numpy(), degrade(gt, np.random.default_rng(3)))
+        assert torch.equal(tensor, torch.from_numpy(gt)) and not np.shares_memory(lq.numpy(), gt)
+    view = torch.from_numpy(gt8).permute(0, 2, 1, 3).flip(1)  # a non-contiguous tensor
+    assert torch.equal(degrade(view, np.random.default_rng(0)),
+                       degrade(view.contiguous(), np.random.default_rng(0)))
+    with pytest.raises(ValueError, match=r"uint8 or float32 array or CPU tensor, got float64 \(2, 8, 8, 3\)"):
+        degrade(torch.zeros(2, 8, 8, 3, dtype=torch.float64), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="without grad"):
+        degrade(torch.zeros(2, 8, 8, 3, requires_grad=True), np.random.default_rng(0))
+
+
 def test_bi_and_bd_presets_equal_generate_lq():
     gt = (render_clip(np.random.default_rng(2), 2, 48, 64) * 255).round().astype(np.uint8)
     for name, reference in (("bi", bi_degrade), ("bd", bd_degrade)):
@@ -251,10 +277,11 @@ def test_same_seed_same_bytes_twice_in_workers_and_in_another_process(clip):
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
     try:
+        here = [[_digest(build_degradation(spec, 4)(clip, np.random.default_rng(s))) for s in range(3)]
+                for spec in CHILD_SPECS]
         degrade = build_degradation(ALL_OPS, 4)
-        here = [_digest(degrade(clip, np.random.default_rng(s))) for s in range(3)]
-        assert here == [_digest(degrade(clip, np.random.default_rng(s))) for s in range(3)]
-        assert len(set(here)) == 3
+        assert here[0] == [_digest(degrade(clip, np.random.default_rng(s))) for s in range(3)]
+        assert len(set(here[0])) == len(set(here[1])) == 3
         # through SeededItems: the same bytes with 0 or 2 loader workers, in any order
         items = SeededItems(_Degraded(clip), seed=7)
         keys = [(1, i) for i in range(4)]
@@ -266,7 +293,7 @@ def test_same_seed_same_bytes_twice_in_workers_and_in_another_process(clip):
     finally:
         cv2.setNumThreads(cv2_threads)
         torch.set_num_threads(torch_threads)
-    proc = run([sys.executable, "-c", CHILD, json.dumps(ALL_OPS), json.dumps([0, 1, 2])], base_env(threads=2),
+    proc = run([sys.executable, "-c", CHILD, json.dumps(CHILD_SPECS), json.dumps([0, 1, 2])], base_env(threads=2),
                ROOT, timeout=120)
     assert_ok(proc)
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == here
