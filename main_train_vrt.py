@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     utils_dist.apply_legacy_local_rank(args.local_rank)
     rank = utils_dist.world_info_from_env()[0] if "RANK" in os.environ else 0
     try:
-        opt = parse_options(args.opt, args.set)
+        notes: list[str] = []  # logged once the experiment's log exists (parsing comes first)
+        opt = parse_options(args.opt, args.set, notes=notes)
         utils_numerics.prepare_environment(opt["train"]["deterministic"])  # before anything starts cuBLAS
         dist_info = utils_dist.init_dist(opt["dist_backend"], opt["dist_timeout"])
         try:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 setup_logger(os.path.join(opt["path"]["log"], "train.log") if dist_info.is_master else None, rank)
                 utils_option.save(opt, sys.argv)
                 logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt))
-                log_kair_notes(args.opt)
+                log_kair_notes(args.opt, notes)
 
             train(opt, dist_info, on_ready)
         finally:

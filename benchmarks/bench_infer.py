@@ -71,7 +71,7 @@ def _measure(kind: str, args: argparse.Namespace, amp: str, queue: Any) -> None:
         def call() -> torch.Tensor:
             return infer_video(net, lq, scale=scale, window_size=window, num_frame_testing=tile[0],
                                num_frame_overlapping=overlap[0], size_patch_testing=tile[1], overlap_size=overlap[1],
-                               nonblind_denoising=nonblind, device=device, autocast_dtype=AMP[amp])
+                               in_chans=channels, device=device, autocast_dtype=AMP[amp])
     else:
         ref = load_reference_tiling(args.reference_dir)
         ns = types.SimpleNamespace(tile=list(tile), tile_overlap=list(overlap), scale=scale,

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from benchmarks.bench_vrt import Runner, add_run_args, measure  # noqa: E402
 from models.model_zoo import TASKS  # noqa: E402
+from models.net_io import net_io  # noqa: E402
 from models.network_rvrt import RVRT  # noqa: E402
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -53,13 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     d, h, w = DEFAULT_INPUT[args.preset]
     d = args.frames or d
     h, w = args.size or (h, w)
-    in_ch = 4 if kwargs.get('nonblind_denoising') else 3
-    scale = kwargs['upscale']
-    gen = torch.Generator().manual_seed(0)
-    x = torch.rand(args.batch, d, in_ch, h, w, generator=gen).to(device)
-    y = torch.rand(args.batch, d, 3, h * scale, w * scale, generator=gen).to(device)
     torch.manual_seed(0)
     net = RVRT(**kwargs).to(device)
+    io = net_io(net)  # channels and scale are what the network states
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(args.batch, d, io.in_chans, h, w, generator=gen).to(device)
+    y = torch.rand(args.batch, d, io.out_chans, h * io.scale, w * io.scale, generator=gen).to(device)
     m = measure({'ours': Runner(net, x, y, args.amp)}, args.warmup, args.iters, not args.no_memory)['ours']
     fwd, step, peak = m['forward_s'], m['train_step_s'], m['peak_mem_mb']
     print(json.dumps({'net': 'rvrt', 'preset': args.preset, 'device': str(device), 'amp': args.amp,

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from models.model_zoo import TASKS  # noqa: E402
+from models.net_io import net_io  # noqa: E402
 from models.network_vrt import VRT  # noqa: E402
 from models.select_network import network_kwargs  # noqa: E402
 from utils import utils_numerics  # noqa: E402
@@ -223,15 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     d, h, w = kwargs.get('img_size', (6, 64, 64))
     d = args.frames or d
     h, w = args.size or (h, w)
-    in_ch = kwargs.get('in_chans', 3) + (1 if kwargs.get('nonblind_denoising') else 0)
-    scale = kwargs.get('upscale', 4)
-    gen = torch.Generator().manual_seed(0)
-    x = torch.rand(args.batch, d, in_ch, h, w, generator=gen).to(device)
-    out_frames = 1 if kwargs.get('pa_frames', 2) == 0 else d
-    y = torch.rand(args.batch, out_frames, kwargs.get('out_chans', 3), h * scale, w * scale, generator=gen).to(device)
-
     torch.manual_seed(0)
     ours = VRT(**kwargs).to(device)
+    io = net_io(ours)  # channels, scale and output frames are what the network states
+    d = io.clip_frames or d  # frame interpolation reads exactly its clip
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(args.batch, d, io.in_chans, h, w, generator=gen).to(device)
+    out_frames = 1 if io.frame_interpolation else d
+    y = torch.rand(args.batch, out_frames, io.out_chans, h * io.scale, w * io.scale, generator=gen).to(device)
     nets: dict[str, nn.Module] = {'ours': ours}
     if args.reference_dir:
         ref_cls = _load_reference(args.reference_dir)

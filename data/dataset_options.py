@@ -13,12 +13,29 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from utils.utils_option import family_keys, resolve_section
+from utils.utils_option import foreign_keys, resolve_section
 from utils.utils_option_schema import DATASET_COMMON, NUM, OPTIONAL, Opt
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AUGMENT", "NOISE_RANGE", "RGB_CHANNELS", "at_least", "only", "resolve_options", "spec_of"]
+__all__ = ["AUGMENT", "DATASET_FAMILIES", "NOISE_RANGE", "RGB_CHANNELS", "at_least", "family_of", "only",
+           "resolve_options", "spec_of"]
+
+# Dataset types whose option files carry each other's keys: KAIR's video dataset classes (REDS/Vimeo/DVD/GoPro/
+# DAVIS train and test sets) ignore the keys of their siblings, and KAIR's recipes keep them (a Vimeo file with
+# REDS's `filename_tmpl`, a test set with `val_partition`), so such a key is accepted without effect. The types of
+# ours (synthetic clips, video files) are in no family: a key they read is still an error elsewhere.
+DATASET_FAMILIES: dict[str, frozenset[str]] = {
+    "KAIR video datasets": frozenset({
+        "videorecurrenttraindataset", "videorecurrenttrainnonblinddenoisingdataset",
+        "videorecurrenttrainvimeodataset", "videorecurrenttrainvimeovfidataset", "videorecurrenttestdataset",
+        "singlevideorecurrenttestdataset", "videotestvimeo90kdataset", "vfi_davis", "vfi_ucf101", "vfi_vid4"}),
+}
+
+
+def family_of(kind: str) -> frozenset[str]:
+    """The dataset types of ``kind``'s family (``kind`` lower-case; empty when it has none)."""
+    return next((members for members in DATASET_FAMILIES.values() if kind in members), frozenset())
 
 
 def at_least(bound: float) -> Callable[[Any], str | None]:
@@ -78,8 +95,9 @@ def resolve_options(cls: type, opt: dict[str, Any]) -> dict[str, Any]:
     # the registry imports every dataset module (this one's callers included), so it is read at call time
     from data.select_dataset import option_specs
 
-    resolved = resolve_section(values, spec, where=cls.__name__,
-                               family=family_keys(option_specs(), cls.__name__.lower()))
+    specs, kind = option_specs(), cls.__name__.lower()
+    siblings, others = foreign_keys(specs, kind, family_of(kind))
+    resolved = resolve_section(values, spec, where=cls.__name__, family=siblings, elsewhere=others)
     for key in opt:
         if key in spec and spec[key].note:
             logger.info("%s: option '%s' has no effect: %s", cls.__name__, key, spec[key].note)

@@ -21,13 +21,13 @@ from torch.utils.data import Dataset
 from data import dataset_video_test as dvt
 from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos
 from data.frame_sources import sigma_map
-from engine.options import parse_options
+from engine.options import log_kair_notes, parse_options
 from models.model_zoo import TASKS, testset_url
 from models.net_io import NetIO, net_io
 from models.onnx_runner import OnnxNetwork
 from models.select_network import define_G, define_network
 from models.video_inference import infer_video, io_tiling
-from utils import utils_checkpoint
+from utils import utils_checkpoint, utils_option
 from utils.utils_numerics import AMP_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -120,18 +120,24 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
         ModelZooError: the released weight file is missing (the message gives its URL).
         utils_checkpoint.CheckpointError: a checkpoint that cannot be read or does not fit the network.
     """
+    sigma_given = f"--sigma {args.sigma}" if args.sigma is not None else ""
     if args.opt:
-        opt = parse_options(args.opt, args.set, is_train=False)
+        notes: list[str] = []
+        opt = parse_options(args.opt, args.set, is_train=False, notes=notes)
+        log_kair_notes(args.opt, notes)
         net = OnnxNetwork(args.onnx) if args.onnx else define_G(opt)
         io = net_io(net)
         val = opt["val"]
         name = opt["task"]
         path = args.onnx or args.model_path or _newest_checkpoint(opt)
-        frames = val["num_frame_testing"]
-        default_tile = (io.temporal_tile if frames is None else frames, val["size_patch_testing"])
-        default_overlap = (val["num_frame_overlapping"], val["overlap_size"])
+        # the val options' temporal tile and overlap, else the network's recommendation
+        frames, frame_overlap = io.temporal_tiling(val["num_frame_testing"], val["num_frame_overlapping"])
+        default_tile = (frames, val["size_patch_testing"])
+        default_overlap = (frame_overlap, val["overlap_size"])
         # a denoising recipe's noise level is its test set's (KAIR: datasets.test.sigma)
         mirror, sigma = False, int((opt.get("datasets", {}).get("test") or {}).get("sigma") or 0)
+        if not sigma_given and _written_test_sigma(args.opt, args.set):
+            sigma_given = f"datasets.test.sigma {sigma}"
         val_rules = {k: bool(val[k]) for k in ("pad_seq", "flip_seq", "center_frame_only")}
     else:
         if args.task not in TASKS:
@@ -148,7 +154,7 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
         mirror, sigma = spec.vimeo_mirror, spec.default_sigma
         val_rules = {}
     sigma = int(args.sigma if args.sigma is not None else sigma)
-    check_sigma(io, sigma, explicit=args.sigma is not None)
+    check_sigma(io, sigma, given=sigma_given)
     if isinstance(net, OnnxNetwork):  # the weights are in the graph, which runs on its own tile
         default_tile = (net.tile.frames, net.tile.height)
     else:
@@ -159,19 +165,34 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
                      sigma=sigma, model_path=path, **val_rules)
 
 
-def check_sigma(io: NetIO, sigma: int, explicit: bool) -> None:
+def check_sigma(io: NetIO, sigma: int, given: str) -> None:
     """Refuse, before any work, a noise level that does not fit the network's input.
 
-    A network with a noise-level map needs ``sigma > 0`` (the map is made from it); ``--sigma`` given to a network
-    without one would add a channel it cannot read.
+    A network with a noise-level map needs ``sigma > 0`` (the map is made from it); a noise level given to a
+    network without one (``--sigma``, or ``datasets.test.sigma`` written in the option file, which training
+    refuses too) would add a channel it cannot read.
+
+    Args:
+        io: what the network eats.
+        sigma: the noise level the test would use (0: none).
+        given: where a noise level was given, for the message (``'--sigma 30'``); ``''``: it was not.
 
     Raises:
         InputMismatch: naming both channel counts.
     """
     if io.noise_map and sigma <= 0:
         io.check_channels(io.image_chans, "the test input without --sigma (or datasets.test.sigma)")
-    if explicit and sigma > 0 and not io.noise_map:
-        io.check_channels(io.in_chans + 1, f"--sigma {sigma} (which adds a noise-level map)")
+    if given and sigma > 0 and not io.noise_map:
+        io.check_channels(io.in_chans + 1, f"{given} (which adds a noise-level map)")
+
+
+def _written_test_sigma(opt_path: str, overrides: list[str]) -> bool:
+    """Whether the option file (or ``--set``) writes a non-zero ``datasets.test.sigma`` (a default filled by a
+    dataset type, such as the synthetic sets' 30, is no noise level the user asked for)."""
+    tree = utils_option.load_json(opt_path)
+    utils_option.apply_overrides(tree, overrides)
+    test = (tree.get("datasets") or {}).get("test")
+    return isinstance(test, dict) and bool(test.get("sigma"))
 
 
 def _newest_checkpoint(opt: dict[str, Any]) -> str:
@@ -198,6 +219,11 @@ def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
         raise FileNotFoundError(f"--folder_lq {lq} does not exist (nothing is downloaded at run time).{hint}")
     sigma = setup.sigma if setup.io.noise_map else 0  # noise is only synthesised for denoising models
     if is_video_file(lq) or (os.path.isdir(lq) and list_videos(lq)):
+        if setup.vfi:
+            frames = setup.io.clip_frames or "input"
+            raise ValueError(f"--folder_lq {lq}: frame interpolation is tested on the frame folders of the "
+                             "interpolation test sets (a path naming vimeo, davis, ucf101 or vid4, whose items give "
+                             f"the network its {frames} frames and score the frame between them), not on video files")
         return VideoFileTestDataset({"dataroot_lq": lq, "dataroot_gt": gt, "sigma": sigma})
     common = {"dataroot_gt": gt, "dataroot_lq": lq, "sigma": sigma, "num_frame": -1, "cache_data": False}
     if "vimeo" in lq.lower():

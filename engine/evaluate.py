@@ -124,6 +124,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
     total = sum(c.frames if c.lazy is not None else 1 for c in clips)
     target = eval_jobs.segment_target(args.segment_frames, total, world)
     tiling = tiling_kwargs(setup)
+    check_clips = getattr(setup.net, "check_clip_lengths", None)  # an ONNX graph's frames are fixed (onnx_runner)
+    if check_clips is not None:
+        check_clips([(c.folder, c.frames) for c in clips if c.lazy is not None], tiling)
     for clip in clips:
         if clip.lazy is None:
             clip.segments = [Segment(clip.index, 0, None, 0, 1)]
@@ -157,6 +160,10 @@ def _describe(test_set: Dataset, setup: TestSetup) -> list[_Clip]:
         if not clips and n:  # the data's channels against the network's, before any work
             first = next(iter(item["L"].frames(0)))
             setup.io.check_channels(first.shape[0], _input_name(item))
+        if setup.vfi and setup.io.clip_frames and n != setup.io.clip_frames:  # likewise its frames per forward
+            raise ValueError(f"{_input_name(item)}: frame interpolation with this network reads exactly "
+                             f"{setup.io.clip_frames} frames per clip, this clip has {n} (the interpolation test sets' "
+                             "folders, a path naming vimeo, davis, ucf101 or vid4, give it its frames)")
         count = num_outputs(n, vfi=setup.vfi, center_frame_only=tiling["center_frame_only"])
         paths = item.get("gt_path") if setup.vfi else item.get("lq_path")
         if tiling["center_frame_only"] and not setup.vfi and paths is not None:

@@ -103,27 +103,28 @@ class MemoryEstimate:
 def train_clip(opt: dict[str, Any], io: NetIO | None = None) -> tuple[tuple[int, int, int, int],
                                                                       tuple[int, int, int, int]]:
     """LQ and GT shapes ``(T, C, h, w)`` of one training clip of a recipe, from its train dataset and what its
-    network eats (``io``; default: the ``netG`` built on the meta device).
+    network eats (``io``; default: the ``netG`` built on the meta device): the scale, the channels and frame
+    interpolation are the network's.
 
-    Vimeo sets: ``num_frame`` -1 means all 7 frames, every ``temporal_scale``-th kept (frame interpolation: 2,
-    and one target frame), ``mirror_sequence`` doubles the frames and ``pad_sequence`` adds one.
+    Frame interpolation reads ``io.clip_frames`` frames (else every ``temporal_scale``-th of the clip) and gives
+    one. Vimeo sets: ``num_frame`` -1 means all 7 frames, ``mirror_sequence`` doubles the frames and
+    ``pad_sequence`` adds one.
     """
     data = next(v for k, v in opt["datasets"].items() if k.startswith("train"))
-    kind = str(data.get("dataset_type", "")).lower()
-    scale = int(data.get("scale") or opt.get("scale") or 1)
-    frames = int(data.get("num_frame", 1))
-    out_frames = None
-    if "vimeo" in kind:
-        frames = 7 if frames == -1 else frames
-        if "vfi" in kind:
-            frames, out_frames = math.ceil(frames / int(data.get("temporal_scale", 2))), 1
-        elif data.get("mirror_sequence"):
-            frames *= 2
-        elif data.get("pad_sequence"):
-            frames += 1
-    gt = int(data.get("gt_size", 64))
     io = io or net_io(_recipe_network(opt, {}, torch.device("meta")))
-    return (frames, io.in_chans, gt // scale, gt // scale), (out_frames or frames, io.out_chans, gt, gt)
+    frames = int(data.get("num_frame", 1))
+    if frames == -1 and "vimeo" in str(data.get("dataset_type", "")).lower():
+        frames = 7  # a Vimeo-90K septuplet (the dataset's rule for -1)
+    out_frames = frames
+    if io.frame_interpolation:
+        frames = io.clip_frames or math.ceil(frames / int(data.get("temporal_scale", 2)))
+        out_frames = 1
+    elif data.get("mirror_sequence"):
+        frames = out_frames = frames * 2
+    elif data.get("pad_sequence"):
+        frames = out_frames = frames + 1
+    gt = int(data.get("gt_size", 64))
+    return (frames, io.in_chans, gt // io.scale, gt // io.scale), (out_frames, io.out_chans, gt, gt)
 
 
 # -------------------------------------------------------------------------------------------- the pass

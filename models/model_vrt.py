@@ -78,9 +78,10 @@ class ModelVRT(ModelPlain):
         val = self.opt["val"]
         with evaluating(self.eval_network()) as net, torch.inference_mode():
             io = net_io(net)
-            frames = val["num_frame_testing"]
+            # the val options' temporal tile and overlap, else the network's recommendation
+            frames, overlap = io.temporal_tiling(val["num_frame_testing"], val["num_frame_overlapping"])
             return infer_video(
-                net, lq, **io_tiling(io), num_frame_testing=io.temporal_tile if frames is None else frames,
-                num_frame_overlapping=val["num_frame_overlapping"], size_patch_testing=val["size_patch_testing"],
+                net, lq, **io_tiling(io), num_frame_testing=frames,
+                num_frame_overlapping=overlap, size_patch_testing=val["size_patch_testing"],
                 overlap_size=val["overlap_size"], pad_seq=val["pad_seq"], flip_seq=val["flip_seq"],
                 center_frame_only=val["center_frame_only"], device=self.device, autocast_dtype=self.amp_dtype)

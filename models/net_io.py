@@ -7,7 +7,7 @@ flags. A network class states it as an ``io`` property built from its constructo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -33,6 +33,8 @@ class NetIO:
         input_multiple: ``(frames, height, width)`` multiples test-time padding rounds a clip up to.
         temporal_tile: recommended frames per temporal tile at test time (0: the whole clip).
         temporal_overlap: recommended frames shared by consecutive temporal tiles.
+        clip_frames: input frames of every forward when the network takes a fixed number (VRT's frame
+            interpolation: its ``img_size[0]``); 0: any number.
     """
 
     in_chans: int = 3
@@ -43,6 +45,9 @@ class NetIO:
     input_multiple: tuple[int, int, int] = (1, 1, 1)
     temporal_tile: int = 0
     temporal_overlap: int = 2
+    # not compared: models/onnx_runner.py rebuilds an exported network's NetIO from metadata written before this
+    # field existed, and its graph fixes the frames of a forward (its tile) anyway
+    clip_frames: int = field(default=0, compare=False)
 
     @property
     def image_chans(self) -> int:
@@ -76,12 +81,29 @@ class NetIO:
         raise InputMismatch(f"{where} gives {channels} input channels but the network reads "
                             f"{self.describe_input()}; {fix}")
 
+    def temporal_tiling(self, tile: int | None, overlap: int | None) -> tuple[int, int]:
+        """Frames per temporal tile and frames shared by consecutive tiles: the given values, else the network's
+        recommendation (``temporal_tile``/``temporal_overlap``).
+
+        A recommended overlap is cut to ``tile - 1`` when a given tile is not longer than it (a tile of 6 frames
+        cannot share 10 with its neighbour); a given overlap is used as it is (and refused if it does not fit).
+
+        Args:
+            tile: frames per tile (0: the whole clip), ``None`` for the network's.
+            overlap: frames shared by neighbouring tiles, ``None`` for the network's.
+        """
+        tile = self.temporal_tile if tile is None else int(tile)
+        if overlap is not None:
+            return tile, int(overlap)
+        return tile, min(self.temporal_overlap, tile - 1) if tile else self.temporal_overlap
+
     def as_metadata(self) -> dict[str, str]:
         """String key/values describing the input and output (for exported files)."""
         return {"in_chans": str(self.in_chans), "out_chans": str(self.out_chans), "scale": str(self.scale),
                 "noise_map": str(int(self.noise_map)), "frame_interpolation": str(int(self.frame_interpolation)),
                 "input_multiple": ",".join(map(str, self.input_multiple)),
-                "temporal_tile": str(self.temporal_tile), "temporal_overlap": str(self.temporal_overlap)}
+                "temporal_tile": str(self.temporal_tile), "temporal_overlap": str(self.temporal_overlap),
+                "clip_frames": str(self.clip_frames)}
 
 
 def unwrap(net: nn.Module) -> nn.Module:

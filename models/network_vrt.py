@@ -301,12 +301,14 @@ class VRT(nn.Module):
     def io(self) -> NetIO:
         """What VRT eats and gives: the noise-level map is read only with parallel warping (``pa_frames > 0``);
         frame interpolation (``pa_frames == 0``) needs exactly its clip of frames, so its tile is the whole clip;
-        otherwise 40 frames, the official REDS test setting."""
+        otherwise 40 frames, the official REDS test setting. In frame interpolation every forward reads exactly
+        ``img_size[0]`` frames (``clip_frames``)."""
         noise = self.nonblind_denoising and bool(self.pa_frames)
         vfi = not self.pa_frames
         return NetIO(in_chans=self.in_chans + int(noise), out_chans=self.out_chans, scale=self.upscale,
                      noise_map=noise, frame_interpolation=vfi, input_multiple=self.input_multiple,
-                     temporal_tile=0 if vfi else 40, temporal_overlap=0 if vfi else 2)
+                     temporal_tile=0 if vfi else 40, temporal_overlap=0 if vfi else 2,
+                     clip_frames=int(self.img_size[0]) if vfi else 0)
 
     @property
     def input_multiple(self) -> tuple[int, int, int]:

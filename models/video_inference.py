@@ -103,13 +103,17 @@ def pad_to_window(x: Tensor, dim: int, window: int) -> tuple[Tensor, int]:
 
 def io_tiling(io: NetIO) -> dict[str, Any]:
     """The keyword arguments of :func:`infer_video` that the network's :class:`~models.net_io.NetIO` decides."""
-    return {"scale": io.scale, "window_size": io.input_multiple, "nonblind_denoising": io.noise_map,
-            "vfi": io.frame_interpolation}
+    return {"scale": io.scale, "window_size": io.input_multiple, "in_chans": io.in_chans,
+            "vfi": io.frame_interpolation, "clip_frames": io.clip_frames}
 
 
 def check_tiling_args(shape: Sequence[int], *, window_size: Sequence[int], size_patch_testing: int,
-                      nonblind_denoising: bool, vfi: bool, pad_seq: bool) -> None:
+                      in_chans: int | None, vfi: bool, pad_seq: bool, clip_frames: int = 0) -> None:
     """Reject settings :func:`infer_video` cannot honour; ``shape`` is the input's ``(B, D, C, h, w)``.
+
+    Args:
+        in_chans: the channels the network reads (``NetIO.in_chans``); ``None``: not checked.
+        clip_frames: the frames every forward reads (``NetIO.clip_frames``, frame interpolation); 0: any.
 
     Raises:
         ValueError: a message naming the setting and what would work.
@@ -121,10 +125,13 @@ def check_tiling_args(shape: Sequence[int], *, window_size: Sequence[int], size_
     if size_patch_testing % window_size[-1]:
         raise ValueError(f"size_patch_testing={size_patch_testing} must be a multiple of the window size "
                          f"{window_size[-1]}")
-    if nonblind_denoising and shape[2] != 4:
-        raise ValueError(f"non-blind denoising expects 4 input channels (RGB + noise map), got {shape[2]}")
+    if in_chans is not None and shape[2] != in_chans:
+        raise ValueError(f"the network reads {in_chans} input channels, the input has {shape[2]}")
     if vfi and pad_seq:
         raise ValueError("pad_seq is meaningless for frame interpolation (the network needs exactly its D frames)")
+    if vfi and clip_frames and shape[1] != clip_frames:
+        raise ValueError(f"frame interpolation: the network reads exactly {clip_frames} input frames per forward, "
+                         f"the clip has {shape[1]}")
 
 
 class _Runner:
@@ -211,9 +218,9 @@ def _infer_frames(run: _Runner, lq: Tensor, scale: int, nft: int, nfo: int, size
 
 def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, window_size: Sequence[int],
                 num_frame_testing: int = 0, num_frame_overlapping: int = 2, size_patch_testing: int = 0,
-                overlap_size: int = 20, nonblind_denoising: bool = False, vfi: bool = False, pad_seq: bool = False,
-                flip_seq: bool = False, center_frame_only: bool = False, device: torch.device | None = None,
-                autocast_dtype: torch.dtype | None = None) -> Tensor:
+                overlap_size: int = 20, in_chans: int | None = None, vfi: bool = False, clip_frames: int = 0,
+                pad_seq: bool = False, flip_seq: bool = False, center_frame_only: bool = False,
+                device: torch.device | None = None, autocast_dtype: torch.dtype | None = None) -> Tensor:
     """Restore a whole video with temporal/spatial tiling.
 
     Runs under ``torch.no_grad`` (the caller may add ``torch.inference_mode``; without it the result is an
@@ -222,7 +229,8 @@ def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, wind
     Args:
         net: the network, ``(b, d, C, h', w') -> (b, d, 3, h'*scale, w'*scale)`` (VFI: ``(b, 1, 3, h', w')``),
             already in eval mode and on ``device``.
-        lq: ``(B, D, C, h, w)`` in [0, 1] on any device; C = 4 for non-blind denoising (noise map last).
+        lq: ``(B, D, C, h, w)`` in [0, 1] on any device; C = ``in_chans`` (a non-blind denoiser's noise-level map
+            last).
         scale: upscaling factor of the network.
         window_size: the network's ``(T, H, W)`` attention window; padding goes to multiples of it.
         num_frame_testing: frames per temporal clip, 0 = the whole video at once (mirror-padded to a multiple
@@ -231,8 +239,11 @@ def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, wind
         size_patch_testing: LQ patch size (a multiple of ``window_size[-1]``), 0 = whole frames (mirror-padded
             to window multiples).
         overlap_size: LQ overlap between spatial patches (``overlap_size // 2`` output pixels trimmed).
-        nonblind_denoising: the input carries a noise-level map as its last channel (output has C - 1).
+        in_chans: the channels the network reads (``NetIO.in_chans``; with a noise-level map the output has one
+            fewer); ``None``: not checked.
         vfi: frame interpolation: the D input frames give one output frame, whole clip.
+        clip_frames: the frames every forward reads (``NetIO.clip_frames``); a VFI clip of another length is
+            refused. 0: any.
         pad_seq: append a copy of the last frame before inference and drop its output (KAIR ``val.pad_seq``).
         flip_seq: also restore the time-reversed sequence and average both (KAIR ``val.flip_seq``; for VFI
             the reversed input's interpolated frame is averaged with the forward one).
@@ -243,8 +254,8 @@ def infer_video(net: Callable[[Tensor], Tensor], lq: Tensor, *, scale: int, wind
     Returns:
         ``(B, D', 3, h*scale, w*scale)`` float32 on the CPU, with D' = D (1 for VFI or ``center_frame_only``).
     """
-    check_tiling_args(lq.shape, window_size=window_size, size_patch_testing=size_patch_testing,
-                      nonblind_denoising=nonblind_denoising, vfi=vfi, pad_seq=pad_seq)
+    check_tiling_args(lq.shape, window_size=window_size, size_patch_testing=size_patch_testing, in_chans=in_chans,
+                      vfi=vfi, pad_seq=pad_seq, clip_frames=clip_frames)
     device = device if device is not None else lq.device
     # on a GPU, a clip's patches are blended there and its output copied back once (not once per patch)
     run = _Runner(net, device, autocast_dtype, window_size, keep_on_device=device.type == "cuda")

@@ -136,10 +136,10 @@ def segment_bounds(num_frames: int, target: int, *, num_frame_testing: int, num_
 
 def stream_video(net: Callable[[Tensor], Tensor], source: FrameSource, *, scale: int, window_size: Sequence[int],
                  num_frame_testing: int = 0, num_frame_overlapping: int = 2, size_patch_testing: int = 0,
-                 overlap_size: int = 20, nonblind_denoising: bool = False, vfi: bool = False, pad_seq: bool = False,
-                 flip_seq: bool = False, center_frame_only: bool = False, device: torch.device | None = None,
-                 autocast_dtype: torch.dtype | None = None, start: int = 0, stop: int | None = None,
-                 prefetch: int = 0) -> Iterator[Tensor]:
+                 overlap_size: int = 20, in_chans: int | None = None, vfi: bool = False, clip_frames: int = 0,
+                 pad_seq: bool = False, flip_seq: bool = False, center_frame_only: bool = False,
+                 device: torch.device | None = None, autocast_dtype: torch.dtype | None = None, start: int = 0,
+                 stop: int | None = None, prefetch: int = 0) -> Iterator[Tensor]:
     """Restore a video read frame by frame; yield each output frame as soon as it is final.
 
     The arguments mean what they mean for :func:`models.video_inference.infer_video` (same defaults), and the
@@ -147,7 +147,7 @@ def stream_video(net: Callable[[Tensor], Tensor], source: FrameSource, *, scale:
 
     Args:
         net: the network, in eval mode and on ``device``.
-        source: the input video, ``len(source)`` frames of ``(C, h, w)`` (C = 4 for non-blind denoising).
+        source: the input video, ``len(source)`` frames of ``(C, h, w)`` (C = ``in_chans``).
         start, stop: the output frames to restore, ``[start, stop)`` (default: all of them; see
             :func:`num_outputs`). Only the clips that overlap them run and only the input frames they need are read.
         prefetch: read up to this many input frames ahead in a background thread (0: read when needed).
@@ -169,7 +169,7 @@ def stream_video(net: Callable[[Tensor], Tensor], source: FrameSource, *, scale:
         raise ValueError(f"{source.name}: output frames [{start}, {stop}) are not within [0, {n_out})")
     settings = {"scale": scale, "window_size": window_size, "num_frame_testing": num_frame_testing,
                 "num_frame_overlapping": num_frame_overlapping, "size_patch_testing": size_patch_testing,
-                "overlap_size": overlap_size, "nonblind_denoising": nonblind_denoising, "vfi": vfi,
+                "overlap_size": overlap_size, "in_chans": in_chans, "vfi": vfi, "clip_frames": clip_frames,
                 "pad_seq": pad_seq, "flip_seq": flip_seq, "center_frame_only": center_frame_only,
                 "device": device or torch.device("cpu"), "autocast_dtype": autocast_dtype}
     if not streams(num_frame_testing, vfi=vfi, flip_seq=flip_seq):
@@ -220,8 +220,7 @@ def _clips(net: Callable[[Tensor], Tensor], source: FrameSource, n: int, start: 
             if k == 0:
                 check_tiling_args(lq.shape, window_size=settings["window_size"],
                                   size_patch_testing=settings["size_patch_testing"],
-                                  nonblind_denoising=settings["nonblind_denoising"], vfi=False,
-                                  pad_seq=settings["pad_seq"])
+                                  in_chans=settings["in_chans"], vfi=False, pad_seq=settings["pad_seq"])
             out = _infer_clip(run, lq, settings["scale"], int(settings["size_patch_testing"]),
                               int(settings["overlap_size"]))
             del lq

@@ -250,3 +250,45 @@ def test_option_file_gives_the_denoising_sigma(tmp_path) -> None:
     common = ["--opt", str(tmp_path / "opt.json"), "--model_path", str(weights)]
     assert utils_test.setup_model(utils_test.build_parser().parse_args(common)).sigma == 30
     assert utils_test.setup_model(utils_test.build_parser().parse_args([*common, "--sigma", "10"])).sigma == 10
+
+
+def _opt_and_weights(tmp_path, netg: dict, scale: int, **sections) -> list[str]:
+    """``--opt``/``--model_path`` flags of a tiny network (fresh weights) with a clip-folder test set."""
+    from models.select_network import define_G
+
+    opt = copy.deepcopy(TINY_OPT)
+    opt.update(netG=netg, scale=scale, **sections)
+    opt["datasets"]["test"] = {"name": "test", "dataset_type": "VideoRecurrentTestDataset", "dataroot_gt": "gt",
+                               "dataroot_lq": "lq", **opt["datasets"].get("test_extra", {})}
+    opt["datasets"].pop("test_extra", None)
+    opt["path"]["root"] = str(tmp_path)
+    (tmp_path / "opt.json").write_text(json.dumps(opt))
+    torch.save({"params": define_G(opt).state_dict()}, tmp_path / "w.pth")
+    return ["--opt", str(tmp_path / "opt.json"), "--model_path", str(tmp_path / "w.pth")]
+
+
+def test_a_test_set_sigma_for_a_network_without_a_noise_map_is_refused(tmp_path) -> None:
+    """As training refuses it, and as an explicit --sigma is: one line naming both numbers."""
+    from models.net_io import InputMismatch
+    from tests.support.networks import tiny_net
+
+    datasets = {**TINY_OPT["datasets"], "test_extra": {"sigma": 30}}
+    flags = _opt_and_weights(tmp_path, tiny_net("videoconvbaseline", "deblur"), 1, datasets=datasets)
+    with pytest.raises(InputMismatch, match=r"^datasets\.test\.sigma 30 \(which adds a noise-level map\) gives 4 "
+                                            r"input channels but the network reads 3 \(RGB\)"):
+        utils_test.setup_model(utils_test.build_parser().parse_args(flags))
+
+
+def test_the_temporal_tile_and_overlap_default_to_the_networks(tmp_path) -> None:
+    """BasicVSR++ states 100-frame tiles overlapping by 10: main_test_vrt takes both unless val or the flags say."""
+    from tests.support.networks import tiny_net
+
+    flags = _opt_and_weights(tmp_path, tiny_net("basicvsrpp"), 4)
+    setup = utils_test.setup_model(utils_test.build_parser().parse_args(flags))
+    assert (setup.tile[0], setup.tile_overlap[0]) == (setup.io.temporal_tile, setup.io.temporal_overlap) == (100, 10)
+    given = utils_test.setup_model(utils_test.build_parser().parse_args(
+        [*flags, "--set", "val.num_frame_overlapping=3"]))
+    assert (given.tile[0], given.tile_overlap[0]) == (100, 3)
+    short = utils_test.setup_model(utils_test.build_parser().parse_args([*flags, "--set", "val.num_frame_testing=6"]))
+    assert (short.tile[0], short.tile_overlap[0]) == (6, 5)  # the recommended overlap fits the given tile
+    assert NetIO(temporal_tile=0, temporal_overlap=2).temporal_tiling(None, None) == (0, 2)

@@ -21,6 +21,7 @@ from models.memory_plan import (
     startup_line,
     train_clip,
 )
+from models.net_io import NetIO
 from scripts import plan_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +43,9 @@ def test_train_clip_rules(recipes: dict[str, dict]) -> None:
     assert train_clip(recipes['rvrt_001']) == ((4, 3, 36, 36), (4, 3, 144, 144))
     vfi = parse_options(str(ROOT / 'options' / 'vrt' / '009_train_vrt_videofi_vimeo_4frames.json'))
     assert train_clip(vfi) == ((4, 3, 192, 192), (1, 3, 192, 192))  # im1, im3, im5, im7 -> im4
+    # the scale, channels and frame interpolation are the network's (its io), not the dataset's name or scale
+    io = NetIO(in_chans=3, scale=2, frame_interpolation=True, clip_frames=3)
+    assert train_clip(recipes['vrt_demo'], io) == ((3, 3, 32, 32), (1, 3, 64, 64))
 
 
 @pytest.mark.parametrize('name', ['vrt_demo', 'rvrt_001'])

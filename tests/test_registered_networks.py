@@ -16,9 +16,9 @@ import main_test_vrt  # noqa: F401  (the entry script must import cleanly)
 import main_train_vrt
 from data.dataset_synthetic import SyntheticVideoTestDataset
 from data.dataset_video_file import write_video
-from engine import evaluate
+from engine import eval_setup, evaluate
 from models.net_io import InputMismatch, NetIO, net_io
-from models.select_network import NETWORKS, define_network, network_kwargs
+from models.select_network import NETWORKS, define_G, define_network, network_kwargs
 from tests.support.helpers import ROOT, TORCHRUN_ENTRY, assert_ok, base_env, run, write_opt
 from tests.support.networks import CASES, FORMS, TINY_NETS, lq_size, tiny_net
 from utils.utils_image import imread_rgb, imwrite_rgb
@@ -90,51 +90,107 @@ def _evaluate(opt: str, task: str, lq: str, gt: str, save: str, form: str) -> li
     return _scores(save)
 
 
+def _kair_test_set(opt: str, lq: str, gt: str) -> None:
+    """Validate on the clip folders with KAIR's test-set type, carrying a key only its sibling (REDS's train set)
+    reads: accepted, with a note that must reach train.log."""
+    with open(opt) as f:
+        tree = json.load(f)
+    tree["datasets"]["test"] = {"name": "test", "dataset_type": "VideoRecurrentTestDataset", "dataroot_lq": lq,
+                                "dataroot_gt": gt, "val_partition": "REDS4"}
+    with open(opt, "w") as f:
+        json.dump(tree, f)
+
+
+def _spy_noise_maps(monkeypatch) -> list[torch.Tensor]:
+    """The distinct values of the noise-level channel of every input the evaluated network gets."""
+    seen: list[torch.Tensor] = []
+
+    def build(opt):
+        net = define_G(opt)
+        net.register_forward_pre_hook(lambda _, args: seen.append(args[0][:, :, -1].unique()))
+        return net
+
+    monkeypatch.setattr(eval_setup, "define_G", build)
+    return seen
+
+
 @pytest.mark.parametrize("net_type,form", CASES)
-def test_trains_validates_and_evaluates_in_every_task_form(net_type, form, tmp_path, monkeypatch, one_thread):
+def test_trains_validates_and_evaluates_in_every_task_form(net_type, form, tmp_path, monkeypatch, one_thread,
+                                                           capsys):
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.chdir(tmp_path)
     task = f"{net_type}_{form}"
     opt = _opt(tmp_path, net_type, form)
+    size = lq_size(net_type, form)
+    vid4 = os.path.join(str(tmp_path), "vid4")  # frame interpolation: the official Vid4 layout and rules
+    lq, gt = _write_clips(vid4 if form == "vfi" else str(tmp_path / "clips"), form, size)
+    if form == "sr":
+        _kair_test_set(opt, lq, gt)
     assert main_train_vrt.main(["--opt", opt, "--set", f"task={task}"]) == 0
     exp = tmp_path / "experiments" / task
     assert (exp / "models" / "1_G.pth").is_file() and (exp / "models" / "1_state.pth").is_file()
     log = (exp / "train.log").read_text()
     assert "Average PSNR" in log and "Input baseline" in log  # validation during training ran
+    if form == "sr":  # the note of parsing time reaches the experiment's log
+        assert "option 'datasets.test.val_partition' has no effect for this dataset type" in log
     saved = [p for p in os.listdir(exp / "options") if p.endswith(".json")]
     assert json.load(open(exp / "options" / saved[0]))["netG"]["net_type"] == net_type
 
-    size = lq_size(net_type, form)
-    vid4 = os.path.join(str(tmp_path), "vid4")  # frame interpolation: the official Vid4 layout and rules
-    lq, gt = _write_clips(vid4 if form == "vfi" else str(tmp_path / "clips"), form, size)
     if form == "vfi":
         lq = gt
+    maps = _spy_noise_maps(monkeypatch) if form == "denoise" else []
     folders = _evaluate(opt, task, lq, gt, str(tmp_path / "results_folders"), form)
     assert len(folders) == (3 if form == "vfi" else 4) and all(p > 10 for p in folders)  # a real restoration
-    if form == "vfi":
-        return  # interpolation is scored on test-set layouts (Vimeo, DAVIS, UCF101, Vid4), not on video files
     lq_video, gt_video = _write_videos(str(tmp_path), lq, gt)
+    if form == "vfi":  # refused before any work, in one line: a video file is no interpolation test layout
+        capsys.readouterr()
+        save = tmp_path / "results_video"
+        assert evaluate.main(["--opt", opt, "--set", f"task={task}", "--folder_lq", lq_video, "--folder_gt",
+                              gt_video, "--device", "cpu", "--num_workers", "0", "--save_dir", str(save)]) == 2
+        out = capsys.readouterr()  # (the training's logger set-up writes the log to the console)
+        errors = [ln for ln in (out.out + out.err).splitlines() if "error: " in ln]
+        assert len(errors) == 1 and "frame interpolation is tested on the frame folders" in errors[0], errors
+        assert "its 4 frames" in errors[0] and not save.exists() and "%|" not in out.err  # no progress bar
+        return
     videos = _evaluate(opt, task, lq_video, gt_video, str(tmp_path / "results_video"), form)
-    if form != "denoise":  # lossless video: the same frames, the same scores (denoising draws its own noise)
-        assert videos == pytest.approx(folders, abs=1e-6)
-    assert len(videos) == 4 and all(p > 10 for p in videos)
+    # lossless video: the same frames, the same scores (denoising: the same seeded noise and noise-level map)
+    assert len(videos) == 4 and videos == pytest.approx(folders, abs=1e-6)
+    if form == "denoise":  # the map main_test_vrt adds is sigma / 255, on frame folders and on video files
+        expected = torch.tensor([30 / 255], dtype=torch.float32)
+        assert len(maps) >= 2 and all(torch.equal(m, expected) for m in maps), maps
 
 
-def test_two_processes_train_and_evaluate_every_network(tmp_path):
-    """One torchrun job of 2 processes trains each network (SR form) with validation and evaluates it."""
-    opts = []
-    for net_type in sorted(NETWORKS):
-        opts.append(_opt(tmp_path, net_type, "sr", task=f"dist_{net_type}"))
+def test_two_processes_train_and_evaluate_every_network(tmp_path, monkeypatch, one_thread):
+    """One torchrun job of 2 processes trains each network (SR form) with validation and evaluates it on frame
+    folders, and trains the conv baseline's denoiser and evaluates it on a video file (noise-level map from
+    --sigma, the clip cut into segments shared by the 2 processes): equal to one process."""
     lq, gt = _write_clips(str(tmp_path / "clips"), "sr", 36)
+    jobs = [{"opt": _opt(tmp_path, net_type, "sr", task=f"dist_{net_type}"), "lq": lq, "gt": gt, "args": []}
+            for net_type in sorted(NETWORKS)]
+    lq_video, gt_video = _write_videos(str(tmp_path / "denoise"), *_write_clips(str(tmp_path / "noisy"),
+                                                                                 "denoise", 16))
+    denoise = ["--sigma", "30", "--tile", "2", "0", "--tile_overlap", "1", "0", "--segment_frames", "2"]
+    jobs.append({"opt": _opt(tmp_path, "videoconvbaseline", "denoise", task="dist_denoise"), "lq": lq_video,
+                 "gt": gt_video, "args": denoise})
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     entry = os.path.join(ROOT, "tests", "support", "networks_entry.py")
-    proc = run([sys.executable, TORCHRUN_ENTRY, "--standalone", "--nproc_per_node=2", entry, lq, gt, *opts],
+    proc = run([sys.executable, TORCHRUN_ENTRY, "--standalone", "--nproc_per_node=2", entry, "jobs.json"],
                base_env(threads=1), str(tmp_path), timeout=300)
     assert_ok(proc)
     for net_type in NETWORKS:
         assert (tmp_path / "experiments" / f"dist_{net_type}" / "models" / "1_state.pth").is_file()
         scores = _scores(str(tmp_path / "results" / f"dist_{net_type}"))
         assert len(scores) == 4 and all(p > 10 for p in scores), net_type
+    markers = [json.loads(p.read_text()) for p in (tmp_path / "results" / "dist_denoise").rglob("*.json")]
+    assert {m["rank"] for m in markers if "segment" in m} == {0, 1}  # both processes restored part of the video
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = evaluate.main(["--opt", jobs[-1]["opt"], "--folder_lq", lq_video, "--folder_gt", gt_video, *denoise,
+                          "--device", "cpu", "--num_workers", "0", "--save_dir", str(tmp_path / "one")])
+    assert code == 0
+    assert _scores(str(tmp_path / "results" / "dist_denoise")) == _scores(str(tmp_path / "one"))
 
 
 # ----- what a network eats is checked against the data before any work

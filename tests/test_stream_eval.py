@@ -138,9 +138,9 @@ def test_stream_vfi_and_nonblind_denoising_equal_the_whole_clip() -> None:
     noisy = torch.cat([video, torch.full_like(video[:, :1], 0.1)], 1)
     net = MixNet(scale=1, in_chans=4)
     kw = {"scale": 1, "window_size": (2, 8, 8), "num_frame_testing": 3, "num_frame_overlapping": 1,
-          "size_patch_testing": 8, "overlap_size": 2, "nonblind_denoising": True}
+          "size_patch_testing": 8, "overlap_size": 2, "in_chans": 4}
     assert _same_bits(_streamed(net, noisy, **kw), infer_video(net, noisy[None], **kw)[0])
-    with pytest.raises(ValueError, match="4 input channels"):
+    with pytest.raises(ValueError, match="reads 4 input channels, the input has 3"):
         list(stream_video(net, TensorFrames(video), **kw))
 
 

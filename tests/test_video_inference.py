@@ -165,12 +165,12 @@ def test_vfi_four_frames_to_one() -> None:
 def test_nonblind_denoising_four_channels_in_three_out() -> None:
     net = PixelNet(out_chans=3)
     lq = _video(1, 5, 4, 24, 24)
-    out = infer_video(net, lq, scale=1, window_size=(6, 8, 8), nonblind_denoising=True, num_frame_testing=3,
+    out = infer_video(net, lq, scale=1, window_size=(6, 8, 8), in_chans=4, num_frame_testing=3,
                       num_frame_overlapping=1, size_patch_testing=16, overlap_size=4)
     assert out.shape == (1, 5, 3, 24, 24)
     torch.testing.assert_close(out, net(lq))
-    with pytest.raises(ValueError, match="4 input channels"):
-        infer_video(net, lq[:, :, :3], scale=1, window_size=(6, 8, 8), nonblind_denoising=True)
+    with pytest.raises(ValueError, match="reads 4 input channels, the input has 3"):
+        infer_video(net, lq[:, :, :3], scale=1, window_size=(6, 8, 8), in_chans=4)
 
 
 def test_val_options_pad_flip_center() -> None:

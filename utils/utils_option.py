@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from utils import utils_dist
@@ -119,26 +119,54 @@ def check_value(dotted: str, value: Any, spec: Opt) -> None:
         raise OptionError(f"option '{dotted}' = {value!r}: {why}")
 
 
-def unknown_key_error(dotted: str, known: Iterable[str], also: Iterable[str] = ()) -> OptionError:
-    """The one-line error for a key that is not in ``known`` (with the closest key of ``known`` or ``also``, the
-    keys sibling sections read, if any)."""
+def unknown_key_error(dotted: str, known: Iterable[str], siblings: Mapping[str, str] | None = None,
+                      elsewhere: Mapping[str, str] | None = None) -> OptionError:
+    """The one-line error for a key that is not in ``known``.
+
+    The suggestion prefers a key of ``known`` (the section's own keys): a close key that only a sibling section
+    reads would be accepted without effect, so it is named as such, never offered as the fix. A key that another
+    (non-sibling) section reads gets no suggestion: the user meant the key they wrote, in the wrong section.
+
+    Args:
+        dotted: the key as written, with its section (``datasets.train.filename_tmp``).
+        known: the keys the section reads.
+        siblings: ``{key: reader}`` of the keys sibling sections read (accepted here without effect).
+        elsewhere: ``{key: reader}`` of the keys other, non-sibling sections read.
+    """
     known = sorted(known)
     leaf = dotted.rpartition(".")[2]
-    close = difflib.get_close_matches(leaf, known + sorted(also), n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; known keys here: {', '.join(known)}"
+    if elsewhere and leaf in elsewhere:
+        return OptionError(f"unknown option '{dotted}': {elsewhere[leaf]} reads it; this dataset type and its "
+                           "family do not")
+    own = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
+    near = difflib.get_close_matches(leaf, sorted(siblings or ()), n=1, cutoff=0.5)
+    if near and (not own or _closeness(leaf, near[0]) > _closeness(leaf, own[0])):
+        reader = (siblings or {})[near[0]]
+        hint = (f"; did you mean '{own[0]}'? ('{near[0]}', closer, is read by {reader}: no effect here)" if own
+                else f"; did you mean '{near[0]}'? (read by {reader}; no effect here)")
+    else:
+        hint = f"; did you mean '{own[0]}'?" if own else f"; known keys here: {', '.join(known)}"
     return OptionError(f"unknown option '{dotted}'{hint}")
 
 
+def _closeness(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
 def resolve_section(values: dict[str, Any], spec: dict[str, Opt], where: str,
-                    family: Mapping[str, str] | None = None) -> dict[str, Any]:
+                    family: Mapping[str, str] | None = None, elsewhere: Mapping[str, str] | None = None,
+                    notes: list[str] | None = None) -> dict[str, Any]:
     """Check a section against its spec and fill its defaults (a new dict; ``values`` is not modified).
 
     Args:
         values: the section as written.
         spec: ``{key: Opt}`` of the section.
         where: the dotted name of the section, for the messages (e.g. ``datasets.train``).
-        family: ``{key: reader}`` of the keys that sibling sections read (the other dataset types): such a key is
-            accepted with one log note and left out of the result, as KAIR's files carry their siblings' keys.
+        family: ``{key: reader}`` of the keys that sibling sections read (the other dataset types of its family):
+            such a key is accepted with one note and left out of the result, as KAIR's files carry their
+            siblings' keys.
+        elsewhere: ``{key: reader}`` of the keys that other, non-sibling sections read (still errors, named so).
+        notes: where the notes go (the caller logs them once logging is set up); ``None``: logged now.
 
     Raises:
         OptionError: unknown key (with the closest known one), wrong type, invalid value, missing required key.
@@ -146,12 +174,16 @@ def resolve_section(values: dict[str, Any], spec: dict[str, Opt], where: str,
     out = copy.deepcopy(values)
     for key, value in values.items():
         if key not in spec and family and key in family:
-            logger.info("option '%s.%s' has no effect for this dataset type (%s reads it); accepted as KAIR's "
-                        "option files carry it", where, key, family[key])
+            note = (f"option '{where}.{key}' has no effect for this dataset type ({family[key]} reads it); accepted "
+                    "as KAIR's option files carry it")
+            if notes is None:
+                logger.info("%s", note)
+            else:
+                notes.append(note)
             del out[key]
             continue
         if key not in spec:
-            raise unknown_key_error(f"{where}.{key}", spec, family or ())
+            raise unknown_key_error(f"{where}.{key}", spec, family, elsewhere)
         check_value(f"{where}.{key}", value, spec[key])
     for key, opt in spec.items():
         if key in out:
@@ -239,7 +271,7 @@ def _expand(path: Any) -> Any:
 
 
 def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool, dataset_specs: Specs | None,
-             net_specs: Specs | None) -> None:
+             net_specs: Specs | None, families: Iterable[Collection[str]], notes: list[str] | None) -> None:
     opt["opt_path"] = opt_path
     opt["is_train"] = is_train
     opt["num_gpu"] = utils_dist.world_info_from_env()[2]  # informational: the job's WORLD_SIZE
@@ -259,7 +291,8 @@ def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool, dataset_
         dataset.setdefault("scale", opt["scale"])
         dataset.setdefault("n_channels", opt["n_channels"])
         if dataset_specs is not None:
-            dataset = opt["datasets"][phase_key] = _resolve_dataset(dataset, dataset_specs, f"datasets.{phase_key}")
+            dataset = opt["datasets"][phase_key] = _resolve_dataset(dataset, dataset_specs, f"datasets.{phase_key}",
+                                                                    families, notes)
         for key in DATASET_PATH_KEYS:
             if key in dataset:
                 dataset[key] = _expand(dataset[key])
@@ -276,23 +309,35 @@ def _resolve(opt: dict[str, Any], opt_path: str | None, is_train: bool, dataset_
         check_network(netg, net_specs)
 
 
-def _resolve_dataset(dataset: dict[str, Any], specs: Specs, where: str) -> dict[str, Any]:
+def _resolve_dataset(dataset: dict[str, Any], specs: Specs, where: str, families: Iterable[Collection[str]],
+                     notes: list[str] | None) -> dict[str, Any]:
     kind = str(dataset.get("dataset_type", "")).lower()
     if kind not in specs:
         raise OptionError(f"option '{where}.dataset_type' = {dataset.get('dataset_type')!r} is unknown; registered: "
                           f"{', '.join(sorted(specs))}")
-    return resolve_section(dataset, {**DATASET_COMMON, **specs[kind]}, where, family_keys(specs, kind))
+    siblings, others = foreign_keys(specs, kind, next((f for f in families if kind in f), ()))
+    return resolve_section(dataset, {**DATASET_COMMON, **specs[kind]}, where, siblings, others, notes)
 
 
-def family_keys(specs: Specs, kind: str) -> dict[str, str]:
-    """``{key: dataset type}`` of the keys that the other dataset types read and ``kind`` does not."""
+def foreign_keys(specs: Specs, kind: str, family: Collection[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The keys that ``kind`` does not read but other dataset types do, as two ``{key: dataset type}`` dicts:
+    those read by a type of ``kind``'s ``family`` (accepted without effect), and the others (errors)."""
+    siblings = family_keys(specs, kind, family)
+    return siblings, {k: v for k, v in family_keys(specs, kind, specs).items() if k not in siblings}
+
+
+def family_keys(specs: Specs, kind: str, members: Collection[str]) -> dict[str, str]:
+    """``{key: dataset type}`` of the keys that the other dataset types of ``members`` read and ``kind`` does not
+    (``members``: ``kind``'s family for the keys accepted without effect; every type for the keys known at all)."""
     own = specs.get(kind, {})
-    family: dict[str, str] = {}
+    found: dict[str, str] = {}
     for other, spec in sorted(specs.items()):
+        if other == kind or other not in members:
+            continue
         for key in spec:
-            if other != kind and key not in own:
-                family.setdefault(key, other)
-    return family
+            if key not in own:
+                found.setdefault(key, other)
+    return found
 
 
 def check_network(netg: dict[str, Any], specs: Specs) -> None:
@@ -315,7 +360,8 @@ def check_network(netg: dict[str, Any], specs: Specs) -> None:
 
 def parse(opt_path: str | None, overrides: Iterable[str] = (), is_train: bool = True,
           base: dict[str, Any] | None = None, dataset_specs: Specs | None = None,
-          net_specs: Specs | None = None) -> dict[str, Any]:
+          net_specs: Specs | None = None, dataset_families: Iterable[Collection[str]] = (),
+          notes: list[str] | None = None) -> dict[str, Any]:
     """Load, override, validate and resolve an option file.
 
     Args:
@@ -327,6 +373,11 @@ def parse(opt_path: str | None, overrides: Iterable[str] = (), is_train: bool = 
             spec of its type (the training and evaluation flows pass the registry's; without it dataset sections
             are only given ``phase``, ``scale`` and ``n_channels``).
         net_specs: ``{net_type: {key: Opt}}`` built from the network constructors; ``netG`` is checked against it.
+        dataset_families: sets of dataset types whose option files carry each other's keys (KAIR's): a key that
+            another type of a section's family reads is accepted there without effect; any other foreign key is an
+            error.
+        notes: collects those acceptances as log lines, for the caller to log once its logger is set up (parsing
+            comes first); ``None``: logged at once.
 
     Returns:
         A plain nested dict with defaults filled and paths resolved. Treat it as read-only.
@@ -338,7 +389,7 @@ def parse(opt_path: str | None, overrides: Iterable[str] = (), is_train: bool = 
     apply_overrides(tree, overrides)
     _validate(tree)
     _fill_defaults(tree)
-    _resolve(tree, opt_path, is_train, dataset_specs, net_specs)
+    _resolve(tree, opt_path, is_train, dataset_specs, net_specs, [set(f) for f in dataset_families], notes)
     return tree
 
 

@@ -226,7 +226,8 @@ SCHEMA: dict[str, Opt] = {
     "val.center_frame_only": Opt(bool, False, "Score only the centre output frame."),
     "val.num_frame_testing": Opt(OPT_INT, None, "Frames per temporal tile (0: the whole clip; null: the network's "
                                  "recommended tile, its `NetIO.temporal_tile`)."),
-    "val.num_frame_overlapping": Opt(int, 2, "Frames shared by consecutive temporal tiles."),
+    "val.num_frame_overlapping": Opt(OPT_INT, None, "Frames shared by consecutive temporal tiles (null: the "
+                                     "network's recommendation, e.g. 2 for VRT/RVRT, 10 for BasicVSR++)."),
     "val.size_patch_testing": Opt(int, 0, "LQ pixels per spatial tile, a multiple of the window (0: whole "
                                   "frames)."),
     "val.overlap_size": Opt(int, 20, "LQ pixels shared by neighbouring spatial tiles."),
