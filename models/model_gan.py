@@ -273,9 +273,13 @@ class ModelGAN(ModelVRT):
                                        "model 'gan'; start the GAN stage as a new task with path.pretrained_netG")
         ckpt.load_network(self.net_d, path_d, "params", strict=True)
         opt_path = self._path(step, "optimizerD")
-        if self.train_opt["D_optimizer_reuse"] and os.path.isfile(opt_path):
+        if self.train_opt["D_optimizer_reuse"]:
+            if not os.path.isfile(opt_path):  # a fresh optimizer would silently break the exact resume
+                raise ckpt.CheckpointError(f"{opt_path} is missing: step {step} of {self.models_dir} is incomplete; "
+                                           "restore the file, resume from another step, or set "
+                                           "train.D_optimizer_reuse false to restart D's optimizer")
             self._load_optimizer_d(opt_path)
-        elif not self.train_opt["D_optimizer_reuse"]:
+        else:
             logger.warning("Resume from step %d is not bit-exact: train.D_optimizer_reuse is false, so the "
                            "discriminator's optimizer state starts afresh (KAIR's meaning)", step)
         if state.get("scheduler_D"):
