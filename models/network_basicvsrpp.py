@@ -153,8 +153,8 @@ class BasicVSRPlusPlus(nn.Module):
             decompression), features and flows at 1/4 resolution.
         spynet_path: SpyNet weights (``{'params': ...}``, BasicSR's layout); ``None`` keeps random weights. A
             missing file is an error; nothing is downloaded.
-        cpu_cache_length: longer clips on a non-CPU device keep their features and flows on the CPU (in training
-            too, as the reference: the moves are differentiable).
+        cpu_cache_length: longer clips on a non-CPU device keep their features and flows on the CPU, in
+            training too, as in the reference (the moves are differentiable).
     """
 
     def __init__(self, mid_channels: int = 64, num_blocks: int = 7, max_residue_magnitude: float = 10,
