@@ -246,6 +246,26 @@ class WindowAttention(nn.Module):
         out = attention(q.reshape(fold), k.reshape(fold), v.reshape(fold), mask, self.scale)
         return out.reshape(shape)
 
+    def _attend_in_graph(self, q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor | None,
+                         window_mask: Tensor | None, num_windows: int) -> Tensor:
+        """Attention as an ONNX export traces it (``torch.onnx.is_in_onnx_export()``; eager runs :meth:`_attend`).
+
+        q, k, v: (B * nW, ..., h, n, hd); rel_bias: (1, h, n, n) or None; window_mask: (nW, 1, ..., n, n) or None.
+        The relative-position bias and the shift mask are added to the scores one after the other. Their sum
+        expanded over windows and heads (what :meth:`_attend` hands the fused kernel) depends on nothing but
+        weights and constants, so the exporter's constant folding would store it per block: nW x h x n x n floats,
+        which grows with the tile (about 0.3 GB per shifted block of VRT 001 at 64 x 64, four times that at
+        128 x 128). Added separately, the graph keeps one bias per block and one mask per size (deduplicated).
+        Same result as :meth:`_attend` up to rounding (the fused kernel's summation order).
+        """
+        scores = torch.matmul(q * self.scale, k.transpose(-2, -1))
+        if rel_bias is not None:
+            scores = scores + rel_bias
+        if window_mask is not None:
+            shape = scores.shape
+            scores = (scores.view(-1, num_windows, *shape[1:]) + window_mask).view(shape)
+        return torch.matmul(scores.softmax(dim=-1), v)
+
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Attention inside each window.
 
@@ -265,10 +285,16 @@ class WindowAttention(nn.Module):
         rel_bias = self.relative_position_bias_table.index_select(0, index)
         bias = rel_bias.view(n, n, h).permute(2, 0, 1).unsqueeze(0)  # (1, h, N, N)
         num_windows = 1
-        if mask is not None:
-            num_windows = mask.shape[0]
-            bias = bias + mask[:, None, :n, :n]
-        out = self._attend(qkv[0], qkv[1], qkv[2], bias, num_windows)  # (B_, h, N, hd)
+        in_graph = torch.onnx.is_in_onnx_export()  # False under torch.compile (dynamo folds it)
+        if in_graph:
+            window_mask = None if mask is None else mask[:, None, :n, :n]
+            num_windows = num_windows if mask is None else mask.shape[0]
+            out = self._attend_in_graph(qkv[0], qkv[1], qkv[2], bias, window_mask, num_windows)
+        else:
+            if mask is not None:
+                num_windows = mask.shape[0]
+                bias = bias + mask[:, None, :n, :n]
+            out = self._attend(qkv[0], qkv[1], qkv[2], bias, num_windows)  # (B_, h, N, hd)
         out = out.transpose(1, 2).reshape(b_, n, c)
 
         if self.mut_attn:
@@ -277,7 +303,10 @@ class WindowAttention(nn.Module):
             qkv = self.qkv_mut(xm).view(b_, 2, half, 3, h, c // h).permute(3, 0, 1, 4, 2, 5)  # (3, B_, 2, h, n/2, hd)
             q, k, v = qkv[0].flip(1), qkv[1], qkv[2]  # frame 2 queries frame 1, frame 1 queries frame 2
             mut_mask = None if mask is None else mask[:, None, None, :half, :half]
-            mut = self._attend(q, k, v, mut_mask, num_windows)  # (B_, 2, h, n/2, hd)
+            if in_graph:
+                mut = self._attend_in_graph(q, k, v, None, mut_mask, num_windows)
+            else:
+                mut = self._attend(q, k, v, mut_mask, num_windows)  # (B_, 2, h, n/2, hd)
             mut = mut.permute(0, 1, 3, 2, 4).reshape(b_, n, c)
             out = torch.cat([mut, out], dim=2)
         return self.proj(out)

@@ -148,6 +148,28 @@ class OnnxNetwork(nn.Module):
         logger.info("ONNX Runtime runs %s (providers %s; tile %s)", path, ", ".join(self.session.get_providers()),
                     self.metadata["tile"])
 
+    def check_clip_lengths(self, clips: Sequence[tuple[str, int]], tiling: dict) -> None:
+        """Refuse, before any work, a clip shorter than the graph's frames (PyTorch would run it as one shorter tile).
+
+        Args:
+            clips: ``(name, frames)`` of each clip to restore.
+            tiling: the evaluation's tiling (``num_frame_testing``, ``pad_seq``, ``flip_seq``, ``vfi``).
+
+        Raises:
+            TileMismatch: one line naming the first such clip, its length, the graph's frames and the fix.
+        """
+        if tiling.get("vfi") or not tiling.get("num_frame_testing"):
+            return  # frame interpolation and whole-clip tiles: the per-tile check says it
+        t = self.tile.frames
+        for name, frames in clips:
+            seen = (frames + int(bool(tiling.get("pad_seq")))) * (2 if tiling.get("flip_seq") else 1)
+            if 0 < seen < t:
+                raise TileMismatch(
+                    f"clip {name} has {frames} frames ({seen} with its padding or flip), fewer than the {t} frames of "
+                    f"every tile of {self.path} (an exported graph's frames are fixed; PyTorch runs such a clip as one "
+                    f"{seen}-frame tile): export a graph for it with --tile {seen} {self.tile.height} "
+                    f"{self.tile.width} and run the short clips with that file, or without --onnx")
+
     @property
     def io(self) -> NetIO:
         """What the exported network eats and gives (from the file's metadata)."""

@@ -35,7 +35,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -137,6 +138,11 @@ def resolve_tile(args: argparse.Namespace, setup: TestSetup) -> tuple[int, int, 
     if height % mh or width % mw:
         raise ValueError(f"--tile {frames} {height} {width}: tiles reach the network padded to multiples of "
                          f"{mh} x {mw}; give a height and width that are such multiples")
+    if height != width:
+        raise ValueError(f"--tile {frames} {height} {width}: main_test_vrt.py --onnx runs square tiles (its --tile H "
+                         f"sets height and width, as in the official script), so a graph fixed at {height} x {width} "
+                         f"could never run there; give H = W (a graph the exporter finds shape-generic then runs any "
+                         f"multiple of {mh} x {mw} anyway)")
     return frames, height, width
 
 
@@ -162,10 +168,19 @@ def trace_to_onnx(net: nn.Module, x: torch.Tensor, opset: int) -> tuple[bytes, l
         torch.onnx.export(net, (x,), buffer, dynamo=False, opset_version=opset, input_names=["lq"],
                           output_names=["out"], dynamic_axes={"lq": {3: "height", 4: "width"},
                                                               "out": {3: "out_height", 4: "out_width"}})
-    frozen = [f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught
-              if issubclass(w.category, torch.jit.TracerWarning)]
+    frozen = [f"{_where(w.filename)}:{w.lineno}" for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     # the project's own lines first (torch's are tensors formatted into messages that were never raised)
-    return buffer.getvalue(), sorted(frozen, key=lambda loc: loc.startswith(".."))
+    return buffer.getvalue(), sorted(frozen, key=_outside_repo)
+
+
+def _where(filename: str) -> str:
+    """A source file relative to the repository root (whatever the working directory), else its absolute path."""
+    path = Path(filename).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def _outside_repo(location: str) -> bool:
+    return os.path.isabs(location)
 
 
 def dynamo_to_onnx(net: nn.Module, x: torch.Tensor, opset: int) -> bytes:
@@ -249,7 +264,7 @@ def export_onnx(args: argparse.Namespace, setup: TestSetup, net_g: dict[str, Any
         if frozen:
             counts = Counter(frozen)
             where = ", ".join(f"{loc} (x{counts[loc]})" for loc in sorted(
-                counts, key=lambda k: (k.startswith(".."), -counts[k]))[:6])
+                counts, key=lambda k: (_outside_repo(k), -counts[k]))[:6])
             more = ", ..." if len(counts) > 6 else ""
             print(f"{len(frozen)} Python branches or constants frozen at the traced size ({where}{more}): height "
                   f"and width are fixed at {tile[1]} x {tile[2]}")

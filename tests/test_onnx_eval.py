@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import logging
 import sys
 from collections import defaultdict
 
@@ -21,6 +22,9 @@ from models.select_network import define_G
 from scripts import export
 from tests.support.helpers import ROOT, TORCHRUN_ENTRY, VRT_TINY_OPT, assert_ok, base_env, run
 from utils.utils_image import imread_rgb, imwrite_rgb
+
+pytest.importorskip("onnx")  # the optional export extra (requirements-dev.txt installs it)
+pytest.importorskip("onnxruntime")
 
 EVAL_ENTRY = f"{ROOT}/tests/support/eval_entry.py"
 TILE = ["--tile", "2", "40", "40", "--tile_overlap", "1", "20", "20"]
@@ -79,10 +83,27 @@ def _assert_close(ws, reference: str, other: str) -> None:
     assert max(int(np.abs(ref_frames[k] - out_frames[k]).max()) for k in ref_frames) <= 1
 
 
-def test_onnx_evaluation_of_a_clip_folder_equals_pytorch(workspace, one_thread):
+def test_onnx_evaluation_of_a_clip_folder_equals_pytorch_and_resumes(workspace, one_thread, caplog):
     assert evaluate.main([*_args(workspace, "folders", "folders_torch", onnx=False), "--device", "cpu"]) == 0
-    assert evaluate.main([*_args(workspace, "folders", "folders_onnx", onnx=True), "--device", "cpu"]) == 0
+    onnx_args = [*_args(workspace, "folders", "folders_onnx", onnx=True), "--device", "cpu"]
+    assert evaluate.main(onnx_args) == 0
     _assert_close(workspace, "folders_torch", "folders_onnx")
+    # resume: with one segment's marker gone, that segment's frames are redone and nothing else; same metrics
+    save = workspace / "folders_onnx"
+    markers = sorted(p for p in (save / ".eval_state").rglob("*.json"))
+    assert len(markers) >= 3  # clips of 3 and 4 frames in segments of 2
+    gone = json.loads(markers[1].read_text())
+    metrics = (save / "metrics.csv").read_bytes()
+    stamps = {p: p.stat().st_mtime_ns for p in save.rglob("*.png") if ".eval_state" not in p.parts}
+    markers[1].unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert evaluate.main(onnx_args) == 0
+    redone = sorted(str(p.relative_to(save)) for p, t in stamps.items() if p.stat().st_mtime_ns != t)
+    assert redone == sorted(f"{gone['folder']}/{name}.png" for name in gone["names"]), (redone, gone)
+    assert f"Restored {len(gone['names'])} frames" in caplog.text
+    assert f"({len(markers) - 1} complete segments skipped)" in caplog.text
+    assert (save / "metrics.csv").read_bytes() == metrics
 
 
 def test_onnx_evaluation_of_a_video_equals_pytorch_in_one_and_two_processes(workspace, one_thread):
@@ -110,3 +131,17 @@ def test_a_tile_the_graph_was_not_built_for_is_one_error_line(workspace, caplog)
     lines = [r.getMessage() for r in caplog.records if "exported for tiles of 2 x 40 x 40" in r.getMessage()]
     assert lines and "this tile has 3 frames" in lines[0] and "\n" not in lines[0]
     assert not (workspace / "bad" / "metrics.csv").exists()
+
+
+def test_a_clip_shorter_than_the_graphs_frames_is_refused_at_start_up(workspace, caplog):
+    """PyTorch runs a clip shorter than the temporal tile as one shorter tile; a graph's frames are fixed."""
+    short = workspace / "short"
+    for clip, count in (("long", 2), ("one", 1)):
+        for t in range(count):
+            imwrite_rgb(str(short / clip / f"{t:08d}.png"), imread_rgb(str(workspace / "gt" / "a" / f"{t:08d}.png")))
+    args = ["--opt", str(workspace / "opt.json"), "--folder_lq", str(short), "--sigma", "30", "--num_workers", "0",
+            "--save_dir", str(workspace / "short_out"), "--onnx", str(workspace / "vrt.onnx"), "--device", "cpu"]
+    assert evaluate.main(args) == 2
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "clip one has 1 frames" in line and "fewer than the 2 frames" in line and "--tile 1 40 40" in line
+    assert "\n" not in line and not (workspace / "short_out" / "one").exists()

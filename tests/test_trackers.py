@@ -103,7 +103,9 @@ def _same_numbers(logged: dict[str, dict[int, float]], tb: dict[str, dict[int, f
 
 
 def test_trackers_get_the_tensorboard_numbers_from_rank_0_and_a_resume_continues_their_runs(tmp_path, monkeypatch):
-    from mlflow import MlflowClient
+    # the optional trackers extra (requirements-dev.txt installs it)
+    pytest.importorskip("wandb")
+    MlflowClient = pytest.importorskip("mlflow").MlflowClient  # noqa: N806
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the test reads the store MLflow 3 keeps for back-compat
 
