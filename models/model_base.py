@@ -242,7 +242,11 @@ class ModelBase(abc.ABC):
             else:
                 self.update_E(0.0)
         opt_path = self._path(step, "optimizerG")
-        if self.optimizer is not None and self.train_opt["G_optimizer_reuse"] and os.path.isfile(opt_path):
+        if self.optimizer is not None and self.train_opt["G_optimizer_reuse"]:
+            if not os.path.isfile(opt_path):  # a fresh optimizer would silently break the exact resume
+                raise ckpt.CheckpointError(f"{opt_path} is missing: step {step} of {self.models_dir} is incomplete; "
+                                           "restore the file, resume from another step, or set "
+                                           "train.G_optimizer_reuse false to restart the optimizer")
             self._load_optimizer(opt_path)
         state = ckpt.safe_load(self._path(step, "state"))
         if self.scheduler is not None and state.get("scheduler"):

@@ -265,6 +265,9 @@ def test_checkpoint_holds_d_and_its_optimizer_and_resume_continues_exactly(tmp_p
     os.remove(os.path.join(models, "2_D.pth"))
     with pytest.raises(ckpt.CheckpointError, match="2_D.pth is missing: step 2 .* was not saved by model 'gan'"):
         resumed.resume(2)
+    os.remove(os.path.join(models, "2_optimizerG.pth"))  # G's optimizer likewise (ModelBase.resume)
+    with pytest.raises(ckpt.CheckpointError, match="2_optimizerG.pth is missing: step 2 .* is incomplete"):
+        resumed.resume(2)
 
 
 def _flat_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
