@@ -80,7 +80,7 @@ VRT_GOLDEN = {
     'denoise': (2e-6, 2e-5),  # 6.0e-7, 6.9e-6
     'vfi': (1e-6, 1e-5),  # 2.4e-7, 4.4e-6
     # sizes the reference computes although a stage is below 8 x window (no mutual blocks there, or one frame)
-    'small_vfi': (1e-6, 1e-5),  # 2.4e-7, 3.5e-6: 32x32 with window 8, stage 4 without mutual blocks
+    'small_vfi': (3e-6, 1e-5),  # 2.4e-7, 3.5e-6; AMD EPYC 1.0e-6: 32x32, window 8, no mutual blocks at stage 4
     'small_nomut': (1.5e-6, 2e-4),  # 4.8e-7, 6.9e-5 (spynet level 2): 40x40, no mutual blocks, window 8
     'small_1frame': (4e-7, 1e-5),  # 1.2e-7, 3.3e-6: one frame (mul_attn_ratio 0), x2
 }
