@@ -365,7 +365,7 @@ def with_run_index_dir(dataset_opt: dict[str, Any], task_dir: str) -> dict[str, 
     Returns a new dict (the parsed options are not modified). The cache files are written atomically (a unique
     temporary name, then ``os.replace``), so ranks or runs indexing at once never leave a torn entry.
     """
-    if str(dataset_opt.get("dataset_type", "")).lower() != VideoFileTrainDataset.__name__.lower() or \
+    if str(dataset_opt["dataset_type"]).lower() != VideoFileTrainDataset.__name__.lower() or \
             dataset_opt.get("index_dir"):
         return dataset_opt
     return {**dataset_opt, "index_dir": os.path.join(task_dir, RUN_INDEX_DIR)}

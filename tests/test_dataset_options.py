@@ -33,7 +33,8 @@ DATA_DIR = os.path.join(ROOT, "data")
 
 
 def _parse(path: str, *overrides: str) -> dict:
-    return parse(path, overrides=overrides, dataset_specs=option_specs())
+    return parse(path, overrides=overrides, dataset_specs=option_specs(),
+                 dataset_families=dataset_options.DATASET_FAMILIES.values())
 
 
 def _defaults(spec: dict) -> dict:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.support.helpers import ROOT, base_env
+from utils.utils_numerics import cpu_has_native_bf16
 
 
 def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:
@@ -22,8 +23,8 @@ def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:
     assert all(row['ok'] for row in results['goldens']['rows'])
     assert all(row['grads_finite'] and row['output_rel_err'] < 0.05 for row in results['parity']['rows'])
     rows = results['train']['rows']
-    assert {(r['preset'], r['precision']) for r in rows} == {('vrt_001', 'fp32'), ('vrt_001', 'bf16'),
-                                                             ('rvrt_001', 'fp32')}
+    bf16 = {('vrt_001', 'bf16')} if cpu_has_native_bf16() else set()  # emulated bf16 is 30-60x slower
+    assert {(r['preset'], r['precision']) for r in rows} == {('vrt_001', 'fp32'), ('rvrt_001', 'fp32')} | bf16
     assert all(r['train_step_s'] > 0 and r['plan_gb'] > 0 for r in rows)
     sdpa = results['train']['sdpa']
     assert sdpa['vrt_001/fp32']['head_dims'] == [20, 30] and sdpa['vrt_001/fp32']['calls'] > 0

@@ -99,3 +99,17 @@ def apply_policy(deterministic: bool, tf32: bool, device: torch.device) -> dict[
                            "or :16:8 (set it before the process starts)")
     return {"deterministic": deterministic, "tf32": tf32, "cudnn_benchmark": not deterministic,
             "cublas_workspace": workspace, "caveats": caveats}
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX, read from ``/proc/cpuinfo``).
+
+    Without them PyTorch emulates bf16 matrix products and convolutions, 30-60x slower than fp32 (AVX2:
+    benchmarks/RESULTS.md), so CPU runs of bf16 code paths are kept to the smallest shapes there.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
