@@ -7,7 +7,7 @@ flags. A network class states it as an ``io`` property built from its constructo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -45,9 +45,7 @@ class NetIO:
     input_multiple: tuple[int, int, int] = (1, 1, 1)
     temporal_tile: int = 0
     temporal_overlap: int = 2
-    # not compared: models/onnx_runner.py rebuilds an exported network's NetIO from metadata written before this
-    # field existed, and its graph fixes the frames of a forward (its tile) anyway
-    clip_frames: int = field(default=0, compare=False)
+    clip_frames: int = 0
 
     @property
     def image_chans(self) -> int:
