@@ -22,7 +22,7 @@ from models.model_plain import NonFiniteLossError
 from utils import utils_dist, utils_numerics, utils_option
 from utils.utils_checkpoint import CheckpointError
 from utils.utils_dataloader import BatchSplitError, DataLoaderStallError
-from utils.utils_logger import setup_logger
+from utils.utils_logger import FILE_ONLY, setup_logger
 
 USER_ERRORS = (utils_option.OptionError, utils_dist.DistError, ConfigError, ResumeError, BatchSplitError,
                CheckpointError, NonFiniteLossError, DataLoaderStallError, FileNotFoundError)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             def on_ready() -> None:  # everything is built and loaded: now the experiment folder may change
                 setup_logger(os.path.join(opt["path"]["log"], "train.log") if dist_info.is_master else None, rank)
                 utils_option.save(opt, sys.argv)
-                logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt))
+                logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt), extra=FILE_ONLY)
                 log_kair_notes(args.opt, notes)
 
             train(opt, dist_info, on_ready)

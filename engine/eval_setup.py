@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from data import dataset_video_test as dvt
 from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos
 from data.frame_sources import sigma_map
-from engine.options import log_kair_notes, parse_options
+from engine.options import parse_options
 from models.model_zoo import TASKS, testset_url
 from models.net_io import NetIO, net_io
 from models.onnx_runner import OnnxNetwork
@@ -122,9 +122,8 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
     """
     sigma_given = f"--sigma {args.sigma}" if args.sigma is not None else ""
     if args.opt:
-        notes: list[str] = []
-        opt = parse_options(args.opt, args.set, is_train=False, notes=notes)
-        log_kair_notes(args.opt, notes)
+        # the notes on keys without effect belong to the training log, not before every line of an evaluation
+        opt = parse_options(args.opt, args.set, is_train=False, notes=[])
         net = OnnxNetwork(args.onnx) if args.onnx else define_G(opt)
         io = net_io(net)
         val = opt["val"]

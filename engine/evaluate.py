@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.dataset_video_file import clip_video_writer, write_clip_video
 from engine import eval_jobs
@@ -498,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     if info.rank != 0 and root.level < logging.WARNING:
         root.setLevel(logging.WARNING)  # rank 0 speaks for the run
     try:
-        run(args)
+        with logging_redirect_tqdm():  # a warning during a clip gets a line of its own, not the progress bar's
+            run(args)
     except _Failed:
         return 2
     finally:

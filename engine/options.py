@@ -11,6 +11,7 @@ from data.dataset_options import DATASET_FAMILIES
 from data.select_dataset import option_specs
 from models.select_network import network_specs
 from utils import utils_option
+from utils.utils_logger import FILE_ONLY
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +32,11 @@ def parse_options(path: str | None, overrides: Iterable[str] = (), is_train: boo
 
 
 def log_kair_notes(path: str | None, notes: Iterable[str] = ()) -> None:
-    """One log line naming the KAIR keys the file sets that have no effect here, and why; then the ``notes``
-    collected by :func:`parse_options` (before any log handler existed), one line each."""
+    """One line in ``train.log`` (not on the console) naming the KAIR keys the file sets that have no effect here,
+    and why; then the ``notes`` collected by :func:`parse_options` (before any log handler existed), one line each."""
     if path:
         keys = utils_option.kair_notes(utils_option.load_json(path))
         if keys:
-            logger.info("Accepted for compatibility, without effect here: %s", "; ".join(keys))
+            logger.info("Accepted for compatibility, without effect here: %s", "; ".join(keys), extra=FILE_ONLY)
     for note in notes:
-        logger.info("%s", note)
+        logger.info("%s", note, extra=FILE_ONLY)

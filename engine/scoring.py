@@ -49,6 +49,13 @@ def testing_line(name: str, index: int, total: int, mean: Mapping[str, float] | 
             f"PSNR_Y: {mean['psnr_y']:.2f} dB; SSIM_Y: {mean['ssim_y']:.4f}")
 
 
+def baseline_text(mean: Mapping[str, float]) -> str:
+    """The input baseline's line, worded so that KAIR's log parsers (which match ``Average PSNR:`` and
+    ``- PSNR:``) never take it for the model's score: ``Input baseline: PSNR x dB; SSIM x; PSNR_Y x dB; SSIM_Y x``."""
+    return (f"Input baseline (the LQ input itself, bicubic-upsampled when scale > 1): PSNR {mean['psnr']:.2f} dB; "
+            f"SSIM {mean['ssim']:.4f}; PSNR_Y {mean['psnr_y']:.2f} dB; SSIM_Y {mean['ssim_y']:.4f}")
+
+
 def average_text(mean: Mapping[str, float]) -> str:
     """``Average PSNR: x dB; SSIM: x; PSNR_Y: x dB; SSIM_Y: x`` (KAIR's wording)."""
     return (f"Average PSNR: {mean['psnr']:.2f} dB; SSIM: {mean['ssim']:.4f}; PSNR_Y: {mean['psnr_y']:.2f} dB; "

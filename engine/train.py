@@ -24,6 +24,7 @@ from engine.resume import (
     resume_step,
     run_descriptor,
 )
+from engine.scoring import baseline_text
 from engine.validate import InputBaseline, validate
 from models import memory_plan
 from models.net_io import InputMismatch, NetIO, net_io
@@ -81,7 +82,7 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
         datasets = opt["datasets"]
         if "train" not in {k.split("_")[0] for k in datasets}:
             raise ConfigError("option 'datasets' needs a 'train' entry")
-        train_key = next(k for k in datasets if k.startswith("train"))
+        train_key = train_key_of(opt)
         train_set = define_Dataset(with_run_index_dir(datasets[train_key], opt["path"]["task"]))
         test_key = next((k for k in datasets if k.startswith("test")), None)
         test_set = define_Dataset(datasets[test_key]) if test_key else None
@@ -93,6 +94,33 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise ConfigError(str(msg)) from exc
     return train_set, test_set, model
+
+
+def train_key_of(opt: dict[str, Any]) -> str:
+    """The key of the training set in ``opt['datasets']`` (``train``, or KAIR's ``train_xxx``)."""
+    return next(k for k in opt["datasets"] if k.startswith("train"))
+
+
+def run_summary(opt: dict[str, Any], net: torch.nn.Module, sets: dict[str, Any]) -> list[str]:
+    """The few lines a person reads on the console at the start of a run (the full options go to ``train.log`` and
+    ``options/``): task, network and size, data, steps, where the log is."""
+    io = net_io(net)
+    params = sum(p.numel() for p in net.parameters())
+    lines = [f"Task {opt['task']}: {opt['netG']['net_type']} ({params / 1e6:.2f}M parameters), "
+             f"x{io.scale}, input {io.describe_input()} channels"]
+    for key, data in sets.items():
+        if data is None:
+            continue
+        d_opt = opt["datasets"].get(key, {})
+        root = d_opt.get("dataroot_gt") or d_opt.get("dataroot_lq")
+        lines.append(f"Data: datasets.{key} = {type(data).__name__}, {len(data)} clip(s)"
+                     + (f" from {root}" if root else ""))
+    t_opt = opt["train"]
+    every = [f"{what} every {t_opt[key]}" for what, key in (("validation", "checkpoint_test"),
+                                                            ("checkpoint", "checkpoint_save")) if t_opt[key]]
+    lines.append(f"Steps: {t_opt['total_iter']}" + (f" ({', '.join(every)})" if every else "")
+                 + f"; log: {os.path.join(opt['path']['log'], 'train.log')}; options: {opt['path']['options']}")
+    return lines
 
 
 def check_data_channels(io: NetIO, sets: dict[str | None, Any]) -> None:
@@ -183,6 +211,8 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     tracker_ids = utils_trackers.start_trackers(trackers, train_state.get("trackers"), opt)
     if on_ready is not None:
         on_ready()
+    for line in run_summary(opt, model.net_g, {train_key_of(opt): train_set, "test": test_set}):
+        logger.info("%s", line)
     logger.info("Numerics: deterministic %s, TF32 %s, cuDNN benchmark %s, AMP %s, %d intra-op thread(s)",
                 "on" if numerics["deterministic"] else "off", "on" if numerics["tf32"] else "off",
                 "on" if numerics["cudnn_benchmark"] else "off", t_opt["amp"], torch.get_num_threads())
@@ -227,9 +257,10 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
             return
         if not summary.get("baseline_logged"):
             io = net_io(model.net_g)
-            logger.info("Input baseline (the LQ input itself, bicubic-upsampled when scale > 1):")
-            validate(InputBaseline(io.scale, io.frame_interpolation), test_set, step=step, epoch=epoch,
-                     save_img=False, images_dir="", tb=None)
+            base = validate(InputBaseline(io.scale, io.frame_interpolation), test_set, step=step, epoch=epoch,
+                            save_img=False, images_dir="", tb=None, quiet=True)
+            if base is not None:
+                logger.info("%s", baseline_text(base))
             summary["baseline_logged"] = True
         result = validate(model, test_set, step=step, epoch=epoch, save_img=opt["val"]["save_img"],
                           images_dir=paths["images"], tb=tb, tb_images=opt["val"]["tb_images"])

@@ -31,7 +31,7 @@ def _strip(lq: torch.Tensor, out: torch.Tensor, gt: torch.Tensor | None) -> torc
 
 
 def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: bool, images_dir: str,
-             tb: Any = None, tb_images: bool = True) -> dict[str, float] | None:
+             tb: Any = None, tb_images: bool = True, quiet: bool = False) -> dict[str, float] | None:
     """Restore every test clip (sharded over ranks), log per-clip and average metrics on rank 0.
 
     Args:
@@ -44,6 +44,8 @@ def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: 
         tb: the run's writer, :class:`utils.utils_trackers.RunLogger` (TensorBoard and the trackers, the same
             scalars), or a :class:`utils.utils_logger.TensorBoardWriter`, or ``None``.
         tb_images: also log an image strip (LQ | output | GT) of the first clip (``val.tb_images``).
+        quiet: log nothing (the input baseline, which the caller logs in a line of its own: KAIR's per-clip and
+            average lines are the model's alone, so that log parsers never read the baseline as a result).
 
     Returns:
         ``{'psnr', 'ssim', 'psnr_y', 'ssim_y'}`` averaged over clips (mean per clip, then over clips), on every
@@ -76,12 +78,13 @@ def validate(model: Any, test_set: Dataset, *, step: int, epoch: int, save_img: 
     folder_lists = [folders] if world == 1 else _gather_folders(folders)
     names = [next((fl[i] for fl in folder_lists if fl[i]), f"{i:03d}") for i in range(n)]
     have_gt = table[:, -1] > 0
-    for i in range(n):
+    for i in range(n if not quiet else 0):
         logger.info("%s", testing_line(names[i], i, n, dict(zip(METRICS, table[i].tolist())) if have_gt[i] else None))
     if not bool(have_gt.any()):
         return None
     result = dict(zip(METRICS, table[have_gt, : len(METRICS)].mean(dim=0).tolist()))
-    logger.info("<epoch:%3d, iter:%8s> %s", epoch, f"{step:,d}", average_text(result))
+    if not quiet:
+        logger.info("<epoch:%3d, iter:%8s> %s", epoch, f"{step:,d}", average_text(result))
     if tb is not None:
         tb.scalars({k.upper() if "_" not in k else k: v for k, v in result.items()}, step, prefix="val/")
     return result

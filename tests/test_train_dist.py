@@ -21,6 +21,7 @@ from tests.support.helpers import (
 )
 
 AVG_RE = re.compile(r"Average PSNR: .*")
+BASE_RE = re.compile(r"Input baseline .*")
 
 
 def _models(tmp_path, task="tiny"):
@@ -60,7 +61,9 @@ def test_validation_on_two_processes_equals_one(tmp_path):
     p2 = torchrun(2, ["--opt", opt, "--set", "task=v2"], base_env(), str(tmp_path))
     assert_ok(p1), assert_ok(p2)
     lines1, lines2 = AVG_RE.findall(p1.stdout), AVG_RE.findall(p2.stdout)
-    assert len(lines1) == 2 and lines1 == lines2  # input baseline + model, 3 clips over 2 ranks
+    assert len(lines1) == 1 and lines1 == lines2  # the model, 3 clips over 2 ranks
+    base1, base2 = BASE_RE.findall(p1.stdout), BASE_RE.findall(p2.stdout)
+    assert len(base1) == 1 and base1 == base2  # the input baseline, in a line of its own
 
 
 def test_legacy_torch_distributed_launch(tmp_path):

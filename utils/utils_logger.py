@@ -15,13 +15,19 @@ from utils import utils_dist
 
 KAIR_FORMAT = "%(asctime)s.%(msecs)03d : %(message)s"
 KAIR_DATEFMT = "%y-%m-%d %H:%M:%S"
+FILE_ONLY = {"file_only": True}  # ``logger.info(..., extra=FILE_ONLY)``: train.log only, not the console
+
+
+def _not_file_only(record: logging.LogRecord) -> bool:
+    return not getattr(record, "file_only", False)
 
 
 def setup_logger(log_file: str | None, rank: int, level: int = logging.INFO) -> logging.Logger:
     """Configure the root logger once, from ``main``.
 
     Rank 0 logs INFO to the console and (append mode) to ``log_file`` in KAIR's format, so existing parsing
-    scripts keep working. Other ranks log WARNING and above to the console with a ``[rank N]`` prefix. Called
+    scripts keep working; records logged with ``extra=FILE_ONLY`` (the full options block) go to the file only.
+    Other ranks log WARNING and above to the console with a ``[rank N]`` prefix. Called
     first without a file (records are kept in memory), then again with the file once the run is known to
     start: the kept records go to the file first.
 
@@ -45,6 +51,7 @@ def setup_logger(log_file: str | None, rank: int, level: int = logging.INFO) -> 
     formatter = logging.Formatter(fmt, datefmt=KAIR_DATEFMT)
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(formatter)
+    console.addFilter(_not_file_only)
     root.addHandler(console)
     if rank == 0 and log_file:
         os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)

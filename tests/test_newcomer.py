@@ -1,0 +1,116 @@
+"""What a newcomer reads: the console of a run, KAIR's log lines and the input baseline, one-line errors of
+``main_test_vrt.py`` and warnings during its progress bar (issue 25, items 4 and 5)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import main_train_vrt
+from engine import evaluate
+from models.network_baseline import VideoConvBaseline
+from tests.support.helpers import ROOT, TINY_OPT, base_env, write_opt
+from utils.utils_image import imwrite_rgb
+
+# what KAIR's log parsers match: the average line and the per-clip lines
+KAIR_AVERAGE = re.compile(r"Average PSNR: ([\d.]+) dB")
+KAIR_CLIP = re.compile(r"- PSNR: ([\d.]+) dB")
+BASELINE = re.compile(r"Input baseline \(.*\): PSNR ([\d.]+) dB; SSIM [\d.]+; PSNR_Y [\d.]+ dB; SSIM_Y [\d.]+$", re.M)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One short run with a validation at its last step (3 test clips), its console output and its log."""
+    tmp = tmp_path_factory.mktemp("newcomer")
+    opt = write_opt(tmp, train={"total_iter": 2, "checkpoint_test": 2, "checkpoint_save": 2})
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    out = io.StringIO()
+    stdout, sys.stdout = sys.stdout, out  # the console handler writes to the sys.stdout it finds at set-up
+    try:
+        assert main_train_vrt.main(["--opt", opt]) == 0
+    finally:
+        sys.stdout = stdout
+        os.chdir(cwd)
+        logging.getLogger().handlers.clear()
+    log = (tmp / "experiments" / "tiny" / "train.log").read_text()
+    return {"tmp": tmp, "console": out.getvalue(), "log": log, "opt": opt}
+
+
+def test_kair_parsers_read_the_model_only_and_the_baseline_has_its_own_line(trained):
+    log = trained["log"]
+    averages = KAIR_AVERAGE.findall(log)
+    assert len(averages) == 1, averages  # the model's line; the baseline is not in KAIR's format
+    assert len(KAIR_CLIP.findall(log)) == 3  # one per test clip, the model's
+    baseline = BASELINE.findall(log)
+    assert len(baseline) == 1 and baseline[0] != averages[0]
+    assert re.search(r"<epoch:  0, iter:       2> Average PSNR: [\d.]+ dB; SSIM: 0\.\d{4}; PSNR_Y: [\d.]+ dB; "
+                     r"SSIM_Y: 0\.\d{4}$", log, re.M)  # KAIR's line, byte for byte in its format
+
+
+def test_console_shows_a_summary_and_the_log_keeps_the_options(trained):
+    console, log = trained["console"], trained["log"]
+    # the console: a few lines to read, no options block and no compatibility note
+    assert "Options:" not in console and "netG:[" not in console
+    assert "Accepted for compatibility" not in console
+    assert re.search(r"Task tiny: videoconvbaseline \([\d.]+M parameters\), x4, input 3 \(RGB\) channels", console)
+    assert "Data: datasets.train = SyntheticVideoTrainDataset, 64 clip(s)" in console
+    assert re.search(r"Steps: 2 \(validation every 2, checkpoint every 2\); log: .*train\.log", console)
+    assert len(console.splitlines()) < 25, console
+    # train.log keeps everything
+    assert "Options:" in log and "netG:[" in log
+    assert "Accepted for compatibility, without effect here: gpu_ids" in log
+
+
+def test_main_test_vrt_error_is_one_line_for_our_option_files(tmp_path):
+    opt = write_opt(tmp_path)  # TINY_OPT sets KAIR's gpu_ids and dist
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "main_test_vrt.py"), "--opt", opt, "--folder_lq",
+                           str(tmp_path / "missing"), "--device", "cpu"], cwd=str(tmp_path), env=base_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+
+
+def test_a_warning_during_the_progress_bar_gets_a_line_of_its_own(tmp_path, monkeypatch):
+    """Terminal users see the bar and the log in one stream: a warning must not be glued to the bar's line."""
+    torch.manual_seed(0)
+    net = VideoConvBaseline(**{k: v for k, v in TINY_OPT["netG"].items() if k != "net_type"})
+    ckpt = tmp_path / "G.pth"
+    torch.save({"params": net.state_dict()}, ckpt)
+    for t in range(3):
+        imwrite_rgb(str(tmp_path / "lq" / "clip" / f"{t:08d}.png"), torch.rand(3, 16, 16))
+    opt = write_opt(tmp_path)
+    real_write = evaluate.imwrite_rgb
+
+    def write_and_warn(path, frame):
+        logging.getLogger("engine.evaluate").warning("WARN-MARK %s", os.path.basename(path))
+        real_write(path, frame)
+
+    monkeypatch.setattr(evaluate, "imwrite_rgb", write_and_warn)
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stream)
+    monkeypatch.setattr(sys, "stderr", stream)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = [logging.StreamHandler(sys.stdout)]  # as main_test_vrt.py's basicConfig
+    root.setLevel(logging.INFO)
+    try:
+        code = evaluate.main(["--opt", opt, "--model_path", str(ckpt), "--folder_lq", str(tmp_path / "lq"),
+                              "--save_dir", str(tmp_path / "out"), "--save_result", "--num_workers", "0",
+                              "--device", "cpu", "--segment_frames", "3"])
+    finally:
+        root.handlers, root.level = handlers, level
+    text = stream.getvalue()
+    assert code == 0, text
+    pieces = re.split(r"[\r\n]", text)
+    marks = [p for p in pieces if "WARN-MARK" in p]
+    assert len(marks) == 3 and all(p.startswith("WARN-MARK") for p in marks), marks
+    assert "frame" in text  # the bar was drawn into the same stream
