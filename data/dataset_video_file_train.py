@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from data.data_roots import nearest_existing, writes_synthetic
 from data.dataset_options import AUGMENT, NOISE_RANGE, RGB_CHANNELS, at_least, resolve_options
 from data.dataset_synthetic import bicubic_downsample, render_clip
 from data.dataset_video_file import VIDEO_EXTENSIONS, is_video_file, list_videos
@@ -57,9 +58,12 @@ def _refuse_intervals(value: list) -> str | None:
 def _refuse_synthesize(value: dict | None) -> str | None:
     if value is None:
         return None
-    unknown = sorted(set(value) - set(SYNTHESIZE_DEFAULTS))
+    unknown = sorted(set(value) - {*SYNTHESIZE_DEFAULTS, "root"})
     if unknown:
-        return f"unknown key(s) {unknown}; use {sorted(SYNTHESIZE_DEFAULTS)}"
+        return f"unknown key(s) {unknown}; use {sorted({*SYNTHESIZE_DEFAULTS, 'root'})}"
+    if not isinstance(value.get("root"), str) or not value["root"]:
+        return ("needs 'root': the folder it may write, the same as dataroot_gt (synthetic data is written only "
+                "where the option file asks for it)")
     spec = {**SYNTHESIZE_DEFAULTS, **value}
     ints = [spec["num_videos"], spec["num_frames"], spec["seed"]]
     size = spec["size"]
@@ -133,10 +137,13 @@ class VideoFileTrainDataset(Dataset):
                        "U[sigma_min, sigma_max] / 255 per clip, and the sigma map as channel 4; needs `scale` 1."),
         **NOISE_RANGE,
         **DEGRADATION_OPTIONS,
-        "synthesize_if_missing": Opt((dict, type(None)), None, "When `dataroot_gt` does not exist, write synthetic "
-                                     "H.264 GT videos there first (rank 0, atomically): `{\"num_videos\": 4, "
-                                     "\"num_frames\": 60, \"size\": [256, 256], \"seed\": 0}` (missing keys take "
-                                     "these values). null: a missing folder is an error.",
+        "synthesize_if_missing": Opt((dict, type(None)), None, "When `dataroot_gt` does not exist and is the folder "
+                                     "this names as `root`, write synthetic H.264 GT videos there first (rank 0, "
+                                     "atomically): `{\"root\": \"trainsets/demo\", \"num_videos\": 4, "
+                                     "\"num_frames\": 60, \"size\": [256, 256], \"seed\": 0}` (`root` is "
+                                     "required; missing other keys take these values). A `dataroot_gt` other than "
+                                     "`root` (e.g. a misspelt folder of your videos) is never written: a missing "
+                                     "one is an error naming the nearest existing folder. null: never write.",
                                      refuse=_refuse_synthesize),
     }
 
@@ -165,12 +172,12 @@ class VideoFileTrainDataset(Dataset):
         self.span = (self.num_frame - 1) * max(self.interval_list) + 1
 
         root = opt["dataroot_gt"]
-        if opt["synthesize_if_missing"] is not None:
-            _leader_first(lambda: synthesize_videos(root, {**SYNTHESIZE_DEFAULTS, **opt["synthesize_if_missing"]}),
-                          lambda: None)
+        if writes_synthetic(opt):
+            spec = {k: v for k, v in opt["synthesize_if_missing"].items() if k != "root"}
+            _leader_first(lambda: synthesize_videos(root, {**SYNTHESIZE_DEFAULTS, **spec}), lambda: None)
         if not os.path.exists(root):
-            raise DataCheckError(f"{name}: dataroot_gt {root} does not exist (set synthesize_if_missing to write "
-                                 "synthetic videos there)")
+            raise DataCheckError(f"{name}: dataroot_gt {root} does not exist (nearest existing folder: "
+                                 f"{nearest_existing(root)})")
         self.index_dir = opt["index_dir"] or _default_index_dir(root)
         self.reader = VideoClipReader()
         self.stats = {"indexed": 0, "cached": 0}

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.data_roots import missing_data_root
 from data.dataset_video_file_train import with_run_index_dir
 from data.select_dataset import define_Dataset
 from engine.preemption import StopRequest
@@ -173,6 +174,9 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
 
 def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None] | None) -> dict[str, Any]:
     t_opt, paths = opt["train"], opt["path"]
+    missing = missing_data_root(opt["datasets"])  # before anything is fetched, built or written
+    if missing:
+        raise ConfigError(missing)
     numerics = utils_numerics.apply_policy(bool(t_opt["deterministic"]), bool(t_opt["tf32"]), dist_info.device)
     start_step = resume_step(opt)
     trackers = utils_trackers.create_trackers(opt)  # a missing package stops the run here

@@ -97,7 +97,8 @@ def gan_reference(tmp_path_factory):
     """An uninterrupted 6-step GAN run: 1 process, 2 threads, 2 accumulated micro-batches of 1 clip."""
     tmp_path = tmp_path_factory.mktemp("gan")
     opt = write_opt(tmp_path, base=GAN_OPT, train={"F_vgg19_path": _vgg_weights(tmp_path / "vgg19.pth")},
-                    datasets={"train": {"dataroot_gt": str(tmp_path / "videos")}})
+                    datasets={"train": {"dataroot_gt": str(tmp_path / "videos"),
+                                        "synthesize_if_missing": {"root": str(tmp_path / "videos")}}})
     proc = _run(tmp_path, opt, "ref")
     assert_ok(proc)
     log = open(tmp_path / "experiments" / "ref" / "train.log").read()

@@ -114,3 +114,33 @@ def test_a_warning_during_the_progress_bar_gets_a_line_of_its_own(tmp_path, monk
     marks = [p for p in pieces if "WARN-MARK" in p]
     assert len(marks) == 3 and all(p.startswith("WARN-MARK") for p in marks), marks
     assert "frame" in text  # the bar was drawn into the same stream
+
+
+def _error_line(capsys, args, cwd, monkeypatch) -> str:
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main_train_vrt.main(args)
+    logging.getLogger().handlers.clear()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith("error: "), (code, err)
+    return err[0]
+
+
+def test_a_misspelt_data_root_is_an_error_not_synthetic_data(tmp_path, capsys, monkeypatch):
+    """The real-world demo writes synthetic videos into its own folder only: a misspelt folder of the user's
+    videos is one line naming the key, the path and the nearest existing folder, and nothing is created."""
+    (tmp_path / "videos").mkdir()
+    typo = tmp_path / "vidoes"
+    demo = os.path.join(ROOT, "options", "vrt", "000_train_vrt_realworld_demo.json")
+    line = _error_line(capsys, ["--opt", demo, "--set", f"datasets.train.dataroot_gt={typo}"], tmp_path, monkeypatch)
+    assert line == (f"error: datasets.train.dataroot_gt = {typo} does not exist (nearest existing folder: "
+                    f"{tmp_path / 'videos'})")
+    assert sorted(os.listdir(tmp_path)) == ["videos"]  # no synthetic videos, no experiment folder
+    # a KAIR recipe without its data stops on the data, before fetching any weights
+    rec = os.path.join(ROOT, "options", "vrt", "001_train_vrt_videosr_bi_reds_6frames.json")
+    line = _error_line(capsys, ["--opt", rec], tmp_path, monkeypatch)
+    assert line.startswith("error: datasets.train.dataroot_gt = trainsets/REDS/")
+    assert line.endswith("(nearest existing folder: .)")
+    assert sorted(os.listdir(tmp_path)) == ["videos"]

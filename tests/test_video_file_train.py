@@ -289,7 +289,7 @@ def test_paired_lq_and_gt_videos(tmp_path) -> None:
 def test_synthesize_if_missing_writes_the_videos_once(tmp_path) -> None:
     root = tmp_path / "data" / "train_videos"
     spec = {"num_videos": 2, "num_frames": 10, "size": [48, 48], "seed": 3}
-    opt = _opt(root, gt_size=32, synthesize_if_missing=spec)
+    opt = _opt(root, gt_size=32, synthesize_if_missing={**spec, "root": str(root)})
     ds = VideoFileTrainDataset(opt)
     names = sorted(os.listdir(root))
     assert names == [".vrt_index", "synthetic_000.mp4", "synthetic_001.mp4"] and len(ds) == 20
@@ -302,14 +302,18 @@ def test_synthesize_if_missing_writes_the_videos_once(tmp_path) -> None:
     clip, _ = read_video(str(root / "synthetic_001.mp4"))
     assert clip.shape == (10, 3, 48, 48) and float(clip.std()) > 0.05  # textured content, not a blank
     with pytest.raises(OptionError, match="synthesize_if_missing.*size must be"):
-        VideoFileTrainDataset(_opt(tmp_path / "other", synthesize_if_missing={"size": [47, 48]}))
+        VideoFileTrainDataset(_opt(tmp_path / "other", synthesize_if_missing={"root": str(tmp_path / "other"),
+                                                                              "size": [47, 48]}))
+    with pytest.raises(OptionError, match="synthesize_if_missing.*needs 'root'"):
+        VideoFileTrainDataset(_opt(tmp_path / "other", synthesize_if_missing={"num_videos": 1}))
 
 
 def test_two_processes_write_the_videos_once_and_train_on_their_shards(tmp_path) -> None:
     data = tmp_path / "videos"
     train = {"name": "train_dataset", "dataset_type": "VideoFileTrainDataset", "dataroot_gt": str(data),
              "num_frame": 2, "gt_size": 32, "clips_per_video": 4, "dataloader_batch_size": 2,
-             "dataloader_num_workers": 2, "synthesize_if_missing": {"num_videos": 2, "num_frames": 8, "size": [48, 48]}}
+             "dataloader_num_workers": 2,
+             "synthesize_if_missing": {"root": str(data), "num_videos": 2, "num_frames": 8, "size": [48, 48]}}
     base = {**copy.deepcopy(TINY_OPT), "datasets": {"train": train}}
     opt = write_opt(tmp_path, base=base, train={"total_iter": 2, "checkpoint_save": 2})
     report = tmp_path / "report"
