@@ -9,9 +9,11 @@ segments without recomputing the clip they share.
 A segment is complete when its *marker* exists, ``<save_dir>/.eval_state/<clip>/<start>-<stop>.json``
 (``.eval_state/_items/<index>.json`` for a test item restored at once), written atomically (temporary file, then
 ``os.replace``) after its frames, video part and metrics. The marker holds the frame names and the per-frame
-metrics (floats written exactly), a fingerprint of everything that decides the outputs (network and weights file,
-tiles, inputs, noise, precision, device type) and which outputs were written. A marker of another command, an
-unreadable one, or one whose outputs are gone does not count: the segment is restored again.
+metrics by name (floats written exactly), a fingerprint of everything that decides the outputs (network and weights
+file, tiles, inputs, noise, precision, device type) and which outputs were written. Files a segment leaves beside
+its marker for the metrics (``<start>-<stop>.edges.npz``: its first and last frames; ``.vmaf_out.y``/``.vmaf_gt.y``:
+luma planes for the clip's VMAF; ``.compare_*.png``: the report's comparison frame) are named in it. A marker of
+another command, an unreadable one, or one whose outputs are gone does not count: the segment is restored again.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from typing import Any
 
 import torch
 
+from utils.utils_checkpoint import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 STATE_DIR = ".eval_state"
-MARKER_VERSION = 1
+MARKER_VERSION = 2  # 2: per-frame metrics by name, boundary frames, VMAF spools, the report's comparison frame
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,23 @@ class ResultStore:
     def marker_path(self, folder: str | None, segment: Segment) -> str:
         return os.path.join(self._dir(folder, segment), f"{self._stem(segment)}.json")
 
+    def side_path(self, folder: str | None, segment: Segment, what: str) -> str:
+        """A file a segment keeps beside its marker: ``<stem>.<what>``."""
+        return os.path.join(self._dir(folder, segment), f"{self._stem(segment)}.{what}")
+
+    def clip_record(self, folder: str, name: str) -> dict[str, Any] | None:
+        """A clip-level record (``vmaf.json``) written by this command (same fingerprint), else ``None``."""
+        try:
+            with open(os.path.join(self._dir(folder), name), encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return record if record.get("fingerprint") == self.fingerprint else None
+
+    def write_clip_record(self, folder: str, name: str, record: dict[str, Any]) -> None:
+        """Write a clip-level record atomically."""
+        write_json(os.path.join(self._dir(folder), name), {"fingerprint": self.fingerprint, **record})
+
     def part_path(self, folder: str, segment: Segment) -> str:
         """The lossless video part of a segment of a clip in several segments (``--save_video``)."""
         return os.path.join(self._dir(folder), f"{segment.key}.mkv")
@@ -168,7 +189,7 @@ class ResultStore:
         """Write a segment's marker atomically (call it after its outputs are written); returns the record."""
         record = {"version": MARKER_VERSION, "fingerprint": self.fingerprint, "folder": folder,
                   "segment": segment.key, **record}
-        _write_json(self.marker_path(folder, segment), record)
+        write_json(self.marker_path(folder, segment), record)
         return record
 
     def video_done(self, folder: str) -> str | None:
@@ -185,7 +206,7 @@ class ResultStore:
 
     def mark_video(self, folder: str, path: str, parts: list[str]) -> None:
         """Record an assembled clip video, then remove its parts."""
-        _write_json(os.path.join(self._dir(folder), "video.json"), {"fingerprint": self.fingerprint, "path": path})
+        write_json(os.path.join(self._dir(folder), "video.json"), {"fingerprint": self.fingerprint, "path": path})
         for part in parts:
             if os.path.exists(part):
                 os.remove(part)
@@ -204,14 +225,18 @@ class ResultStore:
                 pass
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically (a reader sees the old file, or the complete new one)."""
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically (a reader sees the old file, or the complete new one), durably (the
+    file and the rename are fsynced)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path))
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -28,6 +28,8 @@ from models.onnx_runner import OnnxNetwork
 from models.select_network import define_G, define_network
 from models.video_inference import infer_video, io_tiling
 from utils import utils_checkpoint, utils_option
+from utils.metrics import DEFAULT_METRICS, METRICS
+from utils.metrics.weights import DEFAULT_WEIGHTS_DIR
 from utils.utils_numerics import AMP_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "resuming and of sharing a long video over processes")
     p.add_argument("--no_resume", action="store_true",
                    help="restore everything again, ignoring the complete segments recorded in <save_dir>/.eval_state")
+    p.add_argument("--metrics", nargs="+", default=None, metavar="NAME",
+                   help=f"metrics to compute, any of: {', '.join(METRICS)} (default with --folder_gt: "
+                        f"{' '.join(DEFAULT_METRICS)}; without it only no-reference ones, e.g. niqe)")
+    p.add_argument("--metric_weights", type=str, default=None,
+                   help=f"folder of the metric weights (LPIPS, DISTS; default {DEFAULT_WEIGHTS_DIR}); missing files "
+                        "are downloaded once, every file is SHA-256-checked")
+    p.add_argument("--report", action="store_true",
+                   help="also write <save_dir>/report.html: per-clip table, per-frame curves, a before/after "
+                        "comparison per clip (one self-contained file)")
     return p
 
 

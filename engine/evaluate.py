@@ -3,8 +3,10 @@
 Flag-compatible with the official VRT ``main_test_vrt.py`` and KAIR's ``main_test_rvrt.py`` (``--task``,
 ``--sigma``, ``--folder_lq``, ``--folder_gt``, ``--tile``, ``--tile_overlap``, ``--num_workers``,
 ``--save_result``), plus ``--model_path``/``--opt`` for checkpoints of ours, ``--device``, ``--amp``,
-``--save_video``, ``--segment_frames`` and ``--no_resume``. Metrics and log lines are the reference's (per-clip
-means, then the mean over clips).
+``--save_video``, ``--segment_frames``, ``--no_resume``, ``--metrics``, ``--metric_weights`` and ``--report``.
+Metrics are any of the registry's (:mod:`utils.metrics`; KAIR's four by default, with the reference's log lines:
+per-clip means, then the mean over clips); ``metrics.csv`` holds one row per frame, ``clips.csv`` one per clip,
+``report.html`` (``--report``) shows both with per-frame curves and a before/after comparison.
 
 Clips of frame folders and video files stream (:func:`models.video_stream.stream_video`): frames are read one at a
 time, every output frame is saved and scored as soon as it is final, so host memory is bounded by about one
@@ -13,6 +15,13 @@ segments shared out over the ranks of a ``torchrun`` launch; each complete segme
 skips what is done. The per-frame metrics travel with the markers; rank 0 prints each clip once and the average
 once, equal to a single-process run. Test sets of short items (Vimeo-90K-T, the interpolation sets) are restored an
 item at a time, as before.
+
+Metrics that look across frames are scored so that a clip cut into segments scores exactly as the whole clip: each
+segment is scored one frame at a time by a scorer of its own; its first and last frames (output and GT, uint8) are
+kept beside its marker, and the temporal terms (tOF, tLP) of each later segment's first frame are computed when the
+clip's segments are joined, from the previous segment's last frame. VMAF, whose motion feature reads both
+neighbours and whose clip value is pooled over the whole clip, is computed per clip from the luma planes the
+segments spool under ``.eval_state`` (removed once the clip's score is recorded in ``vmaf.json``).
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ import csv
 import logging
 import os
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
@@ -42,10 +53,25 @@ from engine.eval_setup import (
     setup_model,
     tiling_kwargs,
 )
-from engine.scoring import METRICS, average_text, clip_scores, frame_names, mean_scores, testing_line
+from engine.report import ClipReport, comparison_panels, encode_png, write_report
+from engine.scoring import (
+    MetricSpec,
+    Scoring,
+    average_lines,
+    clip_values,
+    frame_columns,
+    frame_names,
+    mean_over_clips,
+    metric_specs,
+    testing_lines,
+)
+from engine.validate import input_baseline
 from models.model_zoo import ModelZooError
 from models.video_stream import Prefetch, num_outputs, segment_bounds, stream_video
 from utils import utils_checkpoint, utils_dist
+from utils.metrics import check_clip_length
+from utils.metrics.niqe import rgb_to_y
+from utils.metrics.vmaf import vmaf_clip
 from utils.utils_image import imwrite_rgb
 from utils.utils_numerics import AMP_DTYPES
 from utils.utils_video_file import VideoReader, VideoWriter
@@ -71,6 +97,11 @@ class _Clip:
     names: list[str] = field(default_factory=list)  # output frame names of a streamed clip
     segments: list[Segment] = field(default_factory=list)
 
+    @property
+    def compared(self) -> int:
+        """The output frame the report compares (the middle one)."""
+        return len(self.names) // 2
+
 
 @dataclass
 class _Run:
@@ -87,9 +118,24 @@ class _Run:
     world: int
     store: ResultStore
     clips: list[_Clip]
+    scoring: Scoring
     records: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+    finals: dict[int, dict[str, Any]] = field(default_factory=dict)  # per clip: border terms, VMAF
     frames_restored: int = 0
     printed: int = 0
+
+    @property
+    def streamed(self) -> list[MetricSpec]:
+        """The metrics a segment's scorer computes frame by frame (VMAF is scored per clip, at the end)."""
+        return [s for s in self.scoring.specs if s.per_frame]
+
+    @property
+    def temporal(self) -> list[MetricSpec]:
+        return [s for s in self.streamed if s.temporal]
+
+    @property
+    def vmaf(self) -> bool:
+        return any(not s.per_frame for s in self.scoring.specs)
 
 
 def _device(args: argparse.Namespace) -> torch.device:
@@ -104,9 +150,22 @@ def _device(args: argparse.Namespace) -> torch.device:
     return device
 
 
+def _specs(args: argparse.Namespace) -> list[MetricSpec]:
+    """``--metrics`` (default: KAIR's four with ground truth, nothing without).
+
+    Raises:
+        MetricError: an unknown name, or a full-reference metric without ``--folder_gt`` (one line).
+    """
+    have_gt = args.folder_gt is not None
+    if args.metrics is None and not have_gt:
+        return []
+    return metric_specs(args.metrics, have_gt)
+
+
 def _prepare(args: argparse.Namespace) -> _Run:
     """Build the network and the test set, plan the segments and share them out (the same on every rank)."""
     rank, world = utils_dist.get_rank(), utils_dist.get_world_size()
+    specs = _specs(args)  # bad metric names before anything is loaded
     if args.segment_frames < 1:
         raise ValueError(f"--segment_frames must be >= 1, got {args.segment_frames}")
     if args.video_crf is not None and (args.video_codec not in ("h264", "h265") or not 0 <= args.video_crf <= 51):
@@ -122,6 +181,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
     save_dir = args.save_dir or os.path.join("results", setup.name)
     vimeo = "vimeo" in args.folder_lq.lower()
     clips = _describe(test_set, setup)
+    for clip in clips:  # a clip too short for a temporal metric, before any work
+        check_clip_length(specs, len(clip.names) if clip.lazy is not None else 1, clip.folder)
+    scoring = Scoring(specs, device, args.metric_weights)  # weights fetched (rank 0) and checked, networks loaded
     total = sum(c.frames if c.lazy is not None else 1 for c in clips)
     target = eval_jobs.segment_target(args.segment_frames, total, world)
     tiling = tiling_kwargs(setup)
@@ -144,7 +206,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
                 "video": [args.video_codec, args.video_crf] if args.save_video else None,
                 "folder_gt": os.path.abspath(args.folder_gt) if args.folder_gt else None}
     store = ResultStore(save_dir, eval_jobs.fingerprint(settings), resume=not args.no_resume)
-    return _Run(args, setup, test_set, device, amp, save_dir, vimeo, rank, world, store, clips)
+    return _Run(args, setup, test_set, device, amp, save_dir, vimeo, rank, world, store, clips, scoring)
 
 
 def _describe(test_set: Dataset, setup: TestSetup) -> list[_Clip]:
@@ -175,7 +237,7 @@ def _describe(test_set: Dataset, setup: TestSetup) -> list[_Clip]:
 
 
 def run(args: argparse.Namespace) -> dict[str, float] | None:
-    """Test every clip (shared out over the ranks); returns the average metrics (``None`` without ground truth).
+    """Test every clip (shared out over the ranks); returns the average metrics (``None`` when nothing was scored).
 
     Raises:
         _Failed: a rank failed; the reason has been logged once.
@@ -189,12 +251,14 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     _agree(error, logged=False)
     assert ctx is not None
     started = time.perf_counter()
+    todo = _plan(ctx)
     mine = [seg for clip in ctx.clips for seg in clip.segments]
     owners = eval_jobs.assign_ranks([seg.weight for seg in mine], ctx.world)
     done_before = 0
     error = None
     try:
-        done_before = _restore(ctx, [seg for seg, owner in zip(mine, owners) if owner == ctx.rank])
+        done_before = _restore(ctx, [seg for seg, owner in zip(mine, owners) if owner == ctx.rank and
+                                     (seg.clip, seg.key) in todo])
     except USER_ERRORS as exc:
         error = _log_error(ctx.rank, ctx.world, exc)
     gathered = utils_dist.all_gather_object((ctx.records, error, done_before, ctx.frames_restored,
@@ -205,9 +269,12 @@ def run(args: argparse.Namespace) -> dict[str, float] | None:
     error = None
     try:
         _assemble_videos(ctx)
+        _finish_clips(ctx)
     except USER_ERRORS as exc:
         error = _log_error(ctx.rank, ctx.world, exc)
     _agree(error, logged=True)
+    for finals in utils_dist.all_gather_object(ctx.finals):
+        ctx.finals.update(finals)
     if ctx.rank != 0:
         return None
     average = _report(ctx)
@@ -241,18 +308,72 @@ def _log_error(rank: int, world: int, exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+# ---------------------------------------------------------------------------------------------- what is done
+def _plan(ctx: _Run) -> set[tuple[int, str]]:
+    """Rank 0 reads every segment's marker and decides which segments are restored (the same answer on every
+    rank, before any rank writes one); the records of the complete ones land in ``ctx.records``."""
+    plan = None
+    if ctx.rank == 0:
+        records, todo = {}, set()
+        for clip in ctx.clips:
+            for seg in clip.segments:
+                record = ctx.store.load(None if clip.lazy is None else clip.folder, seg, clip.frames,
+                                        ctx.args.save_result, ctx.args.save_video)
+                if record is not None and _usable(ctx, clip, seg, record):
+                    records[(seg.clip, seg.key)] = record
+                else:
+                    todo.add((seg.clip, seg.key))
+            if ctx.vmaf and clip.lazy is not None and any((s.clip, s.key) in todo for s in clip.segments):
+                for seg in clip.segments:  # the clip's VMAF is scored again: every segment needs its spool
+                    record = records.get((seg.clip, seg.key))
+                    if record is not None and not _spooled(ctx, clip, record):
+                        todo.add((seg.clip, seg.key))
+                        del records[(seg.clip, seg.key)]
+        plan = (records, todo, ctx.store.stale)
+    records, todo, ctx.store.stale = utils_dist.broadcast_object(plan)
+    ctx.records.update(records)
+    return todo
+
+
+def _side_file(ctx: _Run, clip: _Clip, seg: Segment, what: str) -> str:
+    return ctx.store.side_path(None if clip.lazy is None else clip.folder, seg, what)
+
+
+def _usable(ctx: _Run, clip: _Clip, seg: Segment, record: dict[str, Any]) -> bool:
+    """Whether a complete segment's record holds what this run needs: every chosen metric, the boundary frames of
+    the temporal metrics, the report's comparison frame."""
+    names = [s.name for s in (ctx.streamed if clip.lazy is not None else ctx.scoring.specs)]
+    if names and (record.get("metrics") is None or not set(names) <= set(record.get("metric_names") or ())):
+        return False
+    if ctx.temporal and len(clip.segments) > 1 and not _exists(ctx, clip, seg, record.get("edges")):
+        return False
+    if ctx.args.report and _holds_compared(clip, seg):
+        files = (record.get("compare") or {}).get("files") or {}
+        return bool(files) and all(_exists(ctx, clip, seg, f) for f in files.values())
+    return True
+
+
+def _exists(ctx: _Run, clip: _Clip, seg: Segment, name: str | None) -> bool:
+    return bool(name) and os.path.isfile(os.path.join(os.path.dirname(_side_file(ctx, clip, seg, "x")), str(name)))
+
+
+def _spooled(ctx: _Run, clip: _Clip, record: dict[str, Any]) -> bool:
+    seg = next(s for s in clip.segments if s.key == record["segment"])
+    spool = record.get("vmaf_spool") or {}
+    return all(_exists(ctx, clip, seg, spool.get(k)) for k in ("out", "gt"))
+
+
+def _holds_compared(clip: _Clip, seg: Segment) -> bool:
+    return seg.stop is None or seg.start <= clip.compared < seg.stop
+
+
+# ----------------------------------------------------------------------------------------------- restoration
 def _restore(ctx: _Run, segments: list[Segment]) -> int:
-    """Restore this rank's segments that are not complete yet; returns how many were."""
-    todo, skipped = [], 0
-    for seg in segments:
-        clip = ctx.clips[seg.clip]
-        record = ctx.store.load(None if clip.lazy is None else clip.folder, seg, clip.frames, ctx.args.save_result,
-                                ctx.args.save_video)
-        if record is None:
-            todo.append(seg)
-        else:
-            ctx.records[(seg.clip, seg.key)] = record
-            skipped += 1
+    """Restore this rank's segments that are not complete yet; returns how many of its share were complete."""
+    todo = segments
+    mine = eval_jobs.assign_ranks([s.weight for c in ctx.clips for s in c.segments], ctx.world)
+    keys = [(s.clip, s.key) for c in ctx.clips for s in c.segments]
+    skipped = sum(1 for key, owner in zip(keys, mine) if owner == ctx.rank and key in ctx.records)
     if ctx.store.stale and ctx.rank == 0:
         logger.info("%d segment(s) in %s were restored by a different command (network, weights, tiles or inputs "
                     "changed): restoring them again", ctx.store.stale, ctx.store.root)
@@ -279,12 +400,15 @@ def _restore(ctx: _Run, segments: list[Segment]) -> int:
 
 
 def _print_ready(ctx: _Run) -> None:
-    """One process: log each clip's line as soon as all its segments are in (several: rank 0 logs at the end)."""
+    """One process: log each clip's lines as soon as all its segments are in (several: rank 0 logs at the end)."""
     if ctx.world > 1:
         return
     while ctx.printed < len(ctx.clips) and all((s.clip, s.key) in ctx.records for s in ctx.clips[ctx.printed].segments):
-        folder, _, mean = _clip_result(ctx, ctx.clips[ctx.printed])
-        logger.info("%s", testing_line(folder, ctx.printed, len(ctx.clips), mean))
+        clip = ctx.clips[ctx.printed]
+        _finish_clip(ctx, clip)
+        result = _clip_result(ctx, clip)
+        for line in testing_lines(result.folder, ctx.printed, len(ctx.clips), result.values, ctx.scoring.specs):
+            logger.info("%s", line)
         ctx.printed += 1
 
 
@@ -321,43 +445,171 @@ def _restore_stream(ctx: _Run, clip: _Clip, segments: list[Segment]) -> None:
             gt.close()
 
 
+def _u8(frame: torch.Tensor) -> np.ndarray:
+    """(3, H, W) float in [0, 1] -> (H, W, 3) uint8, rounded as the saved PNGs are."""
+    return frame.detach().float().cpu().clamp(0, 1).mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def _luma(frame: torch.Tensor) -> np.ndarray:
+    """The (H, W) uint8 luma VMAF reads (utils.metrics.scorer feeds the same)."""
+    return rgb_to_y(_u8(frame)).astype(np.uint8)
+
+
+def _input_frame(clip: _Clip, index: int, center_frame_only: bool) -> torch.Tensor:
+    """The input frame of output frame ``index`` of a streamed clip (``(C, h, w)``)."""
+    assert clip.lazy is not None
+    source = clip.lazy["L"]
+    at = len(source) // 2 if center_frame_only else index
+    frames = source.frames(at)
+    try:
+        return next(iter(frames))
+    finally:
+        close = getattr(frames, "close", None)
+        if close is not None:
+            close()
+
+
+class _Spool:
+    """A segment's luma planes for VMAF, appended frame by frame to temporary files, renamed when complete."""
+
+    def __init__(self, ctx: _Run, clip: _Clip, seg: Segment) -> None:
+        self.paths = {k: _side_file(ctx, clip, seg, f"vmaf_{k}.y") for k in ("out", "gt")}
+        self.tmp = {k: _temporary(p) for k, p in self.paths.items()}
+        os.makedirs(os.path.dirname(self.paths["out"]), exist_ok=True)
+        self.files = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115 (closed in close/abort)
+        self.shape: tuple[int, int] | None = None
+
+    def add(self, out: torch.Tensor, gt: torch.Tensor) -> None:
+        for key, frame in (("out", out), ("gt", gt)):
+            plane = _luma(frame)
+            self.shape = plane.shape
+            self.files[key].write(plane.tobytes())
+
+    def close(self) -> dict[str, Any]:
+        for key, f in self.files.items():
+            f.close()
+            os.replace(self.tmp[key], self.paths[key])
+        return {**{k: os.path.basename(p) for k, p in self.paths.items()}, "shape": list(self.shape or (0, 0))}
+
+    def abort(self) -> None:
+        for key, f in self.files.items():
+            f.close()
+            if os.path.exists(self.tmp[key]):
+                os.remove(self.tmp[key])
+
+
+def _temporary(path: str) -> str:
+    """A temporary name beside ``path`` that ``ResultStore.clear_temporaries`` removes after a crash."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    tmp = _temporary(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _write_edges(path: str, edges: dict[str, np.ndarray]) -> None:
+    tmp = _temporary(path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **edges)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _write_compare(ctx: _Run, clip: _Clip, seg: Segment, name: str, lq: torch.Tensor, out: torch.Tensor,
+                   gt: torch.Tensor | None) -> dict[str, Any]:
+    """The report's comparison frame of a clip: input (upscaled) | output | GT as PNG files beside the marker."""
+    files = {}
+    for panel, rgb in comparison_panels(lq, out, gt).items():
+        path = _side_file(ctx, clip, seg, f"compare_{panel}.png")
+        _write_bytes(path, encode_png(rgb))
+        files[panel] = os.path.basename(path)
+    return {"frame": name, "files": files}
+
+
+def _row(values: dict[str, float], names: Sequence[str]) -> list[float | None]:
+    return [values.get(n) for n in names]
+
+
 def _restore_segment(ctx: _Run, clip: _Clip, seg: Segment, outputs: Iterator[torch.Tensor],
                      gt: Iterator[torch.Tensor] | None, bar: Any) -> dict[str, Any]:
     args, store = ctx.args, ctx.store
     assert seg.stop is not None and clip.lazy is not None
     store.clear_temporaries(clip.folder, seg)
     names = clip.names[seg.start: seg.stop]
-    metrics: list[list[float]] | None = [] if gt is not None else None
+    columns = [s.name for s in ctx.streamed]
+    # one scorer per segment, fed one frame at a time: a segment scores as that stretch of the whole clip does
+    scorer = ctx.scoring.stream_scorer(clip.folder) if columns else None
+    metrics: list[list[float | None]] | None = [] if columns else None
+    keep_edges = bool(ctx.temporal) and seg.parts > 1
+    edges: dict[str, np.ndarray] = {}
+    spool = _Spool(ctx, clip, seg) if ctx.vmaf else None
+    compare = None
     writer: VideoWriter | None = None
     try:
-        for name in names:
+        for offset, name in enumerate(names):
+            index = seg.start + offset
             frame = next(outputs)
             if args.save_result:
                 imwrite_rgb(os.path.join(ctx.save_dir, clip.folder, f"{name}.png"), frame)
             if args.save_video:
                 writer = writer or _segment_writer(ctx, clip, seg, frame)
                 writer.write(frame)
-            if gt is not None and metrics is not None:
+            target = None
+            if gt is not None:
                 target = next(gt, None)
                 if target is None:
                     raise ValueError(f"{clip.lazy['H'].name}: the ground truth ends before output frame {name}")
-                try:
-                    scores = clip_scores(frame[None], target[None])[0]
-                except ValueError as exc:
-                    raise ValueError(f"clip {clip.folder}: {exc}") from exc
-                metrics.append([scores[k] for k in METRICS])
+                if target.shape != frame.shape:
+                    raise ValueError(f"clip {clip.folder}: output {tuple(frame.shape)} and ground truth "
+                                     f"{tuple(target.shape)} differ")
+            if scorer is not None and metrics is not None:
+                values = scorer.update(frame[None], target[None] if target is not None else None, index)[0]
+                metrics.append(_row(values, columns))
+            if keep_edges:
+                for where in (("head",) if offset == 0 else ()) + (("tail",) if offset == len(names) - 1 else ()):
+                    edges[f"{where}_out"] = _u8(frame)
+                    if target is not None:
+                        edges[f"{where}_gt"] = _u8(target)
+            if spool is not None and target is not None:
+                spool.add(frame, target)
+            if args.report and index == clip.compared:
+                lq_frame = _input_frame(clip, index, tiling_kwargs(ctx.setup)["center_frame_only"])
+                compare = _write_compare(ctx, clip, seg, name, lq_frame, frame, target)
             ctx.frames_restored += 1
             bar.update(1)
         video = None
         if writer is not None:
             writer.close()
             video = "part" if seg.parts > 1 else writer.path
+        edges_file = None
+        if keep_edges:
+            path = _side_file(ctx, clip, seg, "edges.npz")
+            _write_edges(path, edges)
+            edges_file = os.path.basename(path)
+        spooled = spool.close() if spool is not None else None
     except BaseException:
         if writer is not None:
             writer.abort()
+        if spool is not None:
+            spool.abort()
         raise
-    return store.write(clip.folder, seg, {"frames": clip.frames, "names": names, "metrics": metrics,
-                                          "png": bool(args.save_result), "video": video, "rank": ctx.rank})
+    return store.write(clip.folder, seg, {"frames": clip.frames, "names": names, "metric_names": columns,
+                                          "metrics": metrics, "png": bool(args.save_result), "video": video,
+                                          "edges": edges_file, "vmaf_spool": spooled, "compare": compare,
+                                          "rank": ctx.rank, "uid": uuid.uuid4().hex})
 
 
 def _segment_writer(ctx: _Run, clip: _Clip, seg: Segment, frame: torch.Tensor) -> VideoWriter:
@@ -381,6 +633,7 @@ def _restore_whole(ctx: _Run, segments: list[Segment]) -> None:
     loader = DataLoader(Subset(ctx.test_set, [seg.clip for seg in segments]), batch_size=1, shuffle=False,
                         num_workers=args.num_workers, collate_fn=_unbatch)
     for seg, item in zip(segments, tqdm(loader, desc="Testing", unit="clip", disable=ctx.rank != 0)):
+        clip = ctx.clips[seg.clip]
         folder = str(item["folder"])
         out = restore_clip(setup, item, ctx.device, ctx.amp, ctx.vimeo)
         paths = item.get("gt_path") if (setup.vfi or ctx.vimeo) else item.get("lq_path")
@@ -394,18 +647,29 @@ def _restore_whole(ctx: _Run, segments: list[Segment]) -> None:
             ctx.store.clear_temporaries(folder, None)
             video = write_clip_video(ctx.save_dir, folder, out, item.get("fps", 25), audio_from=item.get("video_path"),
                                      **_codec(ctx))
-        metrics = None
         gt = item.get("H")
-        if gt is not None:
+        gt = gt[: out.shape[0]] if gt is not None else None
+        columns = [s.name for s in ctx.scoring.specs]
+        metrics, pooled = None, None
+        if columns:
+            use = ctx.scoring if gt is not None else ctx.scoring.no_reference()
             try:
-                frames = clip_scores(out, gt[: out.shape[0]])
+                frames, values = use.score_clip(out, gt, folder) if use is not None else ([], {})
             except ValueError as exc:
                 raise ValueError(f"clip {folder}: {exc}") from exc
-            metrics = [[m[k] for k in METRICS] for m in frames]
+            metrics = [_row(f, columns) for f in frames]
+            pooled = {s.name: values[s.name] for s in ctx.scoring.specs if not s.per_frame and s.name in values}
+        compare = None
+        if args.report:
+            t = out.shape[0] // 2
+            lq_up = input_baseline(item["L"][None], out[None])[0]
+            compare = _write_compare(ctx, clip, seg, names[t], lq_up[min(t, lq_up.shape[0] - 1)], out[t],
+                                     gt[t] if gt is not None else None)
         ctx.frames_restored += out.shape[0]
         ctx.records[(seg.clip, seg.key)] = ctx.store.write(
-            folder, seg, {"frames": 0, "names": names, "metrics": metrics, "png": bool(args.save_result),
-                          "video": video, "rank": ctx.rank})
+            folder, seg, {"frames": 0, "names": names, "metric_names": columns, "metrics": metrics,
+                          "pooled": pooled, "png": bool(args.save_result), "video": video, "compare": compare,
+                          "rank": ctx.rank, "uid": uuid.uuid4().hex})
         _print_ready(ctx)
 
 
@@ -444,45 +708,163 @@ def _assemble_videos(ctx: _Run) -> None:
         ctx.store.mark_video(clip.folder, writer.path, parts)
 
 
-def _clip_result(ctx: _Run, clip: _Clip) -> tuple[str, list[list[Any]], dict[str, float] | None]:
-    """A clip's name, metrics.csv rows and mean metrics (``None`` without GT), from its segments' records."""
+# ------------------------------------------------------------------------------------- joining a clip's segments
+def _finish_clips(ctx: _Run) -> None:
+    """The per-clip scores that need every segment of a clip (border terms, VMAF), clips shared out over ranks."""
+    for position, clip in enumerate(ctx.clips):
+        if position % ctx.world == ctx.rank:
+            _finish_clip(ctx, clip)
+
+
+def _finish_clip(ctx: _Run, clip: _Clip) -> None:
+    """Border terms of the temporal metrics at each later segment's first frame, and the clip's VMAF (recorded in
+    ``.eval_state/<clip>/vmaf.json``, then its spools removed). Once per clip."""
+    if clip.index in ctx.finals or clip.lazy is None:
+        return
+    final: dict[str, Any] = {"border": {}, "vmaf": None}
+    records = [ctx.records[(seg.clip, seg.key)] for seg in clip.segments]
+    if ctx.temporal and len(clip.segments) > 1:
+        temporal = ctx.scoring.temporal_scoring()
+        assert temporal is not None
+        before = None
+        for seg, record in zip(clip.segments, records):
+            path = os.path.join(os.path.dirname(_side_file(ctx, clip, seg, "x")), str(record["edges"]))
+            with np.load(path) as edges:
+                if before is not None:
+                    final["border"][seg.start] = temporal.border(before, (edges["head_out"], edges["head_gt"]),
+                                                                 seg.start, clip.folder)
+                before = (edges["tail_out"], edges["tail_gt"])
+    if ctx.vmaf:
+        final["vmaf"] = _clip_vmaf(ctx, clip, records)
+    ctx.finals[clip.index] = final
+
+
+def _clip_vmaf(ctx: _Run, clip: _Clip, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A streamed clip's VMAF over all its frames: from ``vmaf.json`` when it was scored from these very segments,
+    else from their spools (then recorded, and the spools removed)."""
+    uids = [r["uid"] for r in records]
+    done = ctx.store.clip_record(clip.folder, "vmaf.json")
+    if done is not None and done.get("uids") == uids:
+        return {"frames": done["frames"], "pooled": done["pooled"]}
+    seg_files = []
+    for seg, record in zip(clip.segments, records):
+        spool = record["vmaf_spool"]
+        folder = os.path.dirname(_side_file(ctx, clip, seg, "x"))
+        seg_files.append(({k: os.path.join(folder, spool[k]) for k in ("out", "gt")}, tuple(spool["shape"])))
+
+    def planes(which: str) -> Iterator[np.ndarray]:
+        for files, (h, w) in seg_files:
+            data = np.fromfile(files[which], dtype=np.uint8)
+            yield from data.reshape(-1, h, w)
+
+    frames, pooled = vmaf_clip(planes("out"), planes("gt"), threads=torch.get_num_threads())
+    ctx.store.write_clip_record(clip.folder, "vmaf.json", {"uids": uids, "frames": frames, "pooled": pooled})
+    for files, _ in seg_files:
+        for path in files.values():
+            if os.path.exists(path):
+                os.remove(path)
+    return {"frames": frames, "pooled": pooled}
+
+
+@dataclass
+class _ClipResult:
+    folder: str
+    names: list[str]
+    frames: list[dict[str, float]]  # per output frame
+    values: dict[str, float]  # the clip's value of each metric
+
+
+def _clip_result(ctx: _Run, clip: _Clip) -> _ClipResult:
+    """A clip's frames and values, from its segments' records and the clip-level scores (border terms, VMAF)."""
     records = [ctx.records[(seg.clip, seg.key)] for seg in clip.segments]
     folder = str(records[0]["folder"])
-    if any(r["metrics"] is None for r in records):
-        return folder, [], None
-    rows = [[folder, name, *values] for r in records for name, values in zip(r["names"], r["metrics"])]
-    return folder, rows, mean_scores([dict(zip(METRICS, row[2:])) for row in rows])
+    names = [n for r in records for n in r["names"]]
+    frames: list[dict[str, float]] = []
+    pooled: dict[str, float] = {}
+    for record in records:
+        columns = record.get("metric_names") or []
+        for row in record.get("metrics") or [[] for _ in record["names"]]:
+            frames.append({k: v for k, v in zip(columns, row) if v is not None})
+        pooled.update(record.get("pooled") or {})
+    final = ctx.finals.get(clip.index) or {}
+    first = clip.segments[0].start if clip.lazy is not None else 0
+    for index, values in (final.get("border") or {}).items():
+        frames[int(index) - first].update(values)
+    if final.get("vmaf"):
+        for i, value in enumerate(final["vmaf"]["frames"]):
+            frames[i]["vmaf"] = value
+        pooled["vmaf"] = final["vmaf"]["pooled"]
+    wanted = {s.name for s in ctx.scoring.specs}
+    frames = [{k: v for k, v in f.items() if k in wanted} for f in frames]
+    return _ClipResult(folder, names, frames, clip_values(frames, ctx.scoring.specs, pooled))
 
 
 def _report(ctx: _Run) -> dict[str, float] | None:
-    """Rank 0: the clip lines not logged yet, metrics.csv and the average (as a single-process run has them)."""
-    clip_means: list[dict[str, float]] = []
-    rows: list[list[Any]] = []
-    for clip in ctx.clips:
-        folder, clip_rows, mean = _clip_result(ctx, clip)
+    """Rank 0: the clip lines not logged yet, metrics.csv, clips.csv, report.html and the average (as a
+    single-process run has them)."""
+    specs = ctx.scoring.specs
+    results = [_clip_result(ctx, clip) for clip in ctx.clips]
+    for clip, result in zip(ctx.clips, results):
         if clip.index >= ctx.printed:
-            logger.info("%s", testing_line(folder, clip.index, len(ctx.clips), mean))
-        if mean is not None:
-            clip_means.append(mean)
-            rows += clip_rows
+            for line in testing_lines(result.folder, clip.index, len(ctx.clips), result.values, specs):
+                logger.info("%s", line)
     ctx.printed = len(ctx.clips)
-    if not clip_means:
+    scored = [r for r in results if r.values]
+    average = mean_over_clips([r.values for r in scored], specs)
+    if scored:
+        columns = [s.name for s in frame_columns(specs)]
+        _write_csv(os.path.join(ctx.save_dir, "metrics.csv"), ["folder", "frame", *columns],
+                   [[r.folder, name, *(f.get(c) for c in columns)] for r in scored
+                    for name, f in zip(r.names, r.frames)])
+        _write_csv(os.path.join(ctx.save_dir, "clips.csv"), ["folder", "frames", *(s.name for s in specs)],
+                   [[r.folder, len(r.names), *(r.values.get(s.name) for s in specs)] for r in scored])
+    if ctx.args.report:
+        path = _write_html(ctx, results, average)
+        logger.info("Report: %s", path)
+    if not average:
         return None
-    average = mean_scores(clip_means)
-    _write_csv(os.path.join(ctx.save_dir, "metrics.csv"), rows)
-    logger.info("\n%s \n-- %s", ctx.save_dir, average_text(average))
+    lines = average_lines(average, specs)
+    logger.info("\n%s \n-- %s", ctx.save_dir, lines[0])
+    for line in lines[1:]:
+        logger.info("-- %s", line)
     return average
 
 
-def _write_csv(path: str, rows: list[list[Any]]) -> None:
-    """One row per frame, full precision; written to a temporary name and renamed."""
+def _write_html(ctx: _Run, results: list[_ClipResult], average: dict[str, float]) -> str:
+    clips = []
+    for clip, result in zip(ctx.clips, results):
+        report = ClipReport(result.folder, result.names, result.frames, result.values)
+        for seg in clip.segments:
+            compare = ctx.records[(seg.clip, seg.key)].get("compare")
+            if compare:
+                folder = os.path.dirname(_side_file(ctx, clip, seg, "x"))
+                for panel, name in compare["files"].items():
+                    with open(os.path.join(folder, name), "rb") as f:
+                        report.images[panel] = f.read()
+                report.frame = compare["frame"]
+        clips.append(report)
+    about = [f"model {ctx.setup.name}", f"input {ctx.args.folder_lq}",
+             f"ground truth {ctx.args.folder_gt}" if ctx.args.folder_gt else "no ground truth",
+             f"{len(clips)} clip{'s' if len(clips) != 1 else ''}", time.strftime("%Y-%m-%d %H:%M")]
+    return write_report(os.path.join(ctx.save_dir, "report.html"), f"Evaluation of {ctx.setup.name}",
+                        ctx.scoring.specs, clips, average, about)
+
+
+def _write_csv(path: str, header: list[str], rows: list[list[Any]]) -> None:
+    """Rows with floats at full precision (an empty cell: no value), written to a temporary name and renamed."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["folder", "frame", *METRICS])
-        writer.writerows([r[:2] + [repr(float(v)) for v in r[2:]] for r in rows])
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows([[repr(float(v)) if isinstance(v, float) else ("" if v is None else v) for v in r]
+                              for r in rows])
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,14 +25,14 @@ from engine.resume import (
     resume_step,
     run_descriptor,
 )
-from engine.scoring import baseline_text
-from engine.validate import InputBaseline, validate
+from engine.validate import Validation
 from models import memory_plan
 from models.net_io import InputMismatch, NetIO, net_io
 from models.network_spynet import SPYNET_SHA256_PREFIX, SPYNET_URL
 from models.select_model import define_Model
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist, utils_numerics, utils_trackers
+from utils.metrics import MetricError
 from utils.utils_dataloader import build_train_loader, next_batch, seeded_rng
 from utils.utils_dist import DistInfo
 from utils.utils_download import ensure_file_on_rank0
@@ -78,23 +78,24 @@ def fetch_weights(opt: dict[str, Any]) -> None:
         raise ConfigError(f"netG.spynet_path = {path!r} is missing and could not be fetched: {error}")
 
 
-def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, Any, Any]:
+def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, dict[str, Any], Any]:
     try:
         datasets = opt["datasets"]
         if "train" not in {k.split("_")[0] for k in datasets}:
             raise ConfigError("option 'datasets' needs a 'train' entry")
         train_key = train_key_of(opt)
         train_set = define_Dataset(with_run_index_dir(datasets[train_key], opt["path"]["task"]))
-        test_key = next((k for k in datasets if k.startswith("test")), None)
-        test_set = define_Dataset(datasets[test_key]) if test_key else None
+        # every datasets.test* section is validated (e.g. `test` with ground truth and `test_footage`, your own
+        # videos without); `test` keeps KAIR's lines
+        test_sets = {k: define_Dataset(v) for k, v in datasets.items() if k.startswith("test")}
         model = define_Model(opt, dist_info)
-        check_data_channels(net_io(model.net_g), {test_key: test_set})  # the training set: on its first batch
+        check_data_channels(net_io(model.net_g), test_sets)  # the training set: on its first batch
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise ConfigError(str(msg)) from exc
-    return train_set, test_set, model
+    return train_set, test_sets, model
 
 
 def train_key_of(opt: dict[str, Any]) -> str:
@@ -163,7 +164,8 @@ def train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None]
             experiment untouched.
 
     Returns:
-        A summary: ``{'step', 'epoch', 'best_psnr', 'best_step', 'last_val', 'stopped_by'}``.
+        A summary: ``{'step', 'epoch', 'best_psnr', 'best_step', 'best', 'last_val', 'stopped_by'}`` (``best``:
+        :meth:`engine.validate.BestSoFar.state`; ``best_step``: the step of ``val.best_metric``'s best).
     """
     numerics_before = utils_numerics.current_state()
     try:
@@ -183,7 +185,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     seed = agree_seed(t_opt)
     seed_everything(seed)  # the same initial weights on every rank and in every run with this seed
     fetch_weights(opt)
-    train_set, test_set, model = _build(opt, dist_info)
+    train_set, test_sets, model = _build(opt, dist_info)
     model.init_train()
     train_state: dict[str, Any] = {}
     if start_step:
@@ -212,10 +214,17 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     per_process = loader.batch_size or 1
     global_batch = per_process * dist_info.world_size * accum
     descriptor = run_descriptor(opt, dist_info, per_process, accum)
+    validation = None
+    if test_sets:
+        try:
+            validation = Validation(opt, test_sets, dist_info.device, net_io(model.net_g).frame_interpolation,
+                                    train_state.get("best"))
+        except MetricError as exc:
+            raise ConfigError(str(exc)) from exc
     tracker_ids = utils_trackers.start_trackers(trackers, train_state.get("trackers"), opt)
     if on_ready is not None:
         on_ready()
-    for line in run_summary(opt, model.net_g, {train_key_of(opt): train_set, "test": test_set}):
+    for line in run_summary(opt, model.net_g, {train_key_of(opt): train_set, **test_sets}):
         logger.info("%s", line)
     logger.info("Numerics: deterministic %s, TF32 %s, cuDNN benchmark %s, AMP %s, %d intra-op thread(s)",
                 "on" if numerics["deterministic"] else "off", "on" if numerics["tf32"] else "off",
@@ -240,9 +249,15 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     stop.install()
     step, epoch = start_step, int(train_state.get("epoch", 0))
     items_done = epoch_items(train_state, per_process)
-    best = dict(train_state.get("best") or {"psnr": float("-inf"), "step": 0})
     summary: dict[str, Any] = {"stopped_by": None, "last_val": None}
     total = int(t_opt["total_iter"])
+
+    def saved(at: int) -> bool:  # whether the checkpoint of step `at` is (or will be) written
+        return (at % t_opt["checkpoint_save"] == 0 or at == total
+                or os.path.isfile(os.path.join(paths["models"], f"{at}_G.pth")))
+
+    if validation is not None and start_step:
+        validation.write_best(saved)  # best.json as of the step resumed from
     val_every = t_opt["checkpoint_test"]
     last_saved = start_step
     window: list[dict[str, float]] = []
@@ -253,31 +268,19 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
         if utils_dist.is_dist():
             rng_all = [None] * dist_info.world_size
             torch.distributed.all_gather_object(rng_all, ckpt.capture_rng_state())
+        best = validation.best.state() if validation is not None else train_state.get("best")
         return {"epoch": epoch, "items_in_epoch": items_done, "seed": seed, "rng": rng_all, "best": best,
                 "run": descriptor, "trackers": tracker_ids}
 
     def run_validation() -> None:
-        if test_set is None:
-            return
-        if not summary.get("baseline_logged"):
-            io = net_io(model.net_g)
-            base = validate(InputBaseline(io.scale, io.frame_interpolation), test_set, step=step, epoch=epoch,
-                            save_img=False, images_dir="", tb=None, quiet=True)
-            if base is not None:
-                logger.info("%s", baseline_text(base))
-            summary["baseline_logged"] = True
-        result = validate(model, test_set, step=step, epoch=epoch, save_img=opt["val"]["save_img"],
-                          images_dir=paths["images"], tb=tb, tb_images=opt["val"]["tb_images"])
-        summary["last_val"] = result
-        if result is not None and result["psnr"] > best["psnr"]:
-            best.update(psnr=result["psnr"], step=step)
-        if result is not None:
-            logger.info("Best PSNR: %.2f dB at step %d (%s)", best["psnr"], best["step"],
-                        os.path.join(paths["models"], f"{best['step']}_G.pth"))
+        if validation is not None:
+            summary["last_val"] = validation.run(model, step, epoch, tb, saved)
 
     def finish(stopped_by: str | None = None) -> dict[str, Any]:
         summary["stopped_by"] = stopped_by
-        return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"], "best_step": best["step"]}
+        best = validation.best.state() if validation is not None else {"psnr": float("-inf"), "step": 0}
+        return {**summary, "step": step, "epoch": epoch, "best_psnr": best["psnr"], "best_step": best["step"],
+                "best": best}
 
     try:
         sampler.set_position(epoch, items_done)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from utils.metrics.registry import DEFAULT_METRICS, METRICS, MetricError, resolve
+
 ANY = object()  # type marker: any JSON value
 REQUIRED = object()  # default marker: the key must be given
 OPTIONAL = object()  # default marker: the key may be absent (no default is filled in)
@@ -52,6 +54,20 @@ def _accum_steps(value: Any) -> str | None:
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return None
     return "must be >= 1 or \"auto\""
+
+
+def _metric_names(value: Any) -> str | None:
+    if not value or not all(isinstance(v, str) for v in value):
+        return f"must be a non-empty list of metric names ({', '.join(METRICS)})"
+    try:
+        resolve(value, have_gt=True)
+    except MetricError as exc:
+        return str(exc)
+    return None
+
+
+def _metric_name(value: Any) -> str | None:
+    return _metric_names([value])
 
 
 FREE = "free-form"  # a section whose keys are checked elsewhere (netG: constructor; datasets.*: dataset class)
@@ -220,7 +236,14 @@ SCHEMA: dict[str, Opt] = {
     # ---- val
     "val": Opt(dict, {}, "Validation during training (and the defaults of `main_test_vrt.py --opt`)."),
     "val.save_img": Opt(bool, False, "Write restored frames to `images/<clip>/<frame>_<step>.png`."),
-    "val.tb_images": Opt(bool, True, "Log an image strip (LQ | output | GT) of the first clip to TensorBoard."),
+    "val.tb_images": Opt(bool, True, "Log an image strip (input upscaled | output | GT) of the first clip of each "
+                         "test set to TensorBoard and the trackers."),
+    "val.metrics": Opt(list, list(DEFAULT_METRICS), "Metrics of every validation, any of the registry's "
+                       "(docs/metrics.md): KAIR's four keep KAIR's log lines; the others get lines of their own, "
+                       "TensorBoard/tracker scalars and a best-so-far line. A test set without ground truth is "
+                       "scored with the no-reference ones (`niqe`).", refuse=_metric_names),
+    "val.best_metric": Opt(str, "psnr", "The metric that picks the best step (`models/best.json`); higher or lower "
+                           "is better as the registry says. Must be one of `val.metrics`.", refuse=_metric_name),
     "val.pad_seq": Opt(bool, False, "Repeat the last frame once before inference (its output is dropped)."),
     "val.flip_seq": Opt(bool, False, "Average with the restoration of the time-reversed clip."),
     "val.center_frame_only": Opt(bool, False, "Score only the centre output frame."),

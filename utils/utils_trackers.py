@@ -98,6 +98,10 @@ class Tracker(abc.ABC):
         """Record ``{name: value}`` at optimisation step ``step``."""
 
     @abc.abstractmethod
+    def log_image(self, tag: str, image: np.ndarray, step: int) -> None:
+        """Record one image ``(H, W, 3)`` uint8 RGB under ``tag`` at step ``step``."""
+
+    @abc.abstractmethod
     def finish(self, failed: bool = False) -> None:
         """Close the run (marked failed when the training ended with an error)."""
 
@@ -127,6 +131,9 @@ class WandbTracker(Tracker):
 
     def log_scalars(self, values: Mapping[str, float], step: int) -> None:
         self._run.log(dict(values), step=step)
+
+    def log_image(self, tag: str, image: np.ndarray, step: int) -> None:
+        self._run.log({tag: self._wandb.Image(image)}, step=step)
 
     def finish(self, failed: bool = False) -> None:
         if self._run is not None:
@@ -182,6 +189,9 @@ class MlflowTracker(Tracker):
         stamp = int(time.time() * 1000)
         metrics = [self._mlflow.entities.Metric(k, float(v), stamp, step) for k, v in values.items()]
         self._client.log_batch(self._run_id, metrics=metrics)
+
+    def log_image(self, tag: str, image: np.ndarray, step: int) -> None:
+        self._client.log_image(self._run_id, image, key=tag.replace("/", "_"), step=step)
 
     def finish(self, failed: bool = False) -> None:
         if self._client is not None:
@@ -274,9 +284,9 @@ def start_trackers(trackers: Sequence[Tracker], saved_ids: Mapping[str, str] | N
 
 
 class RunLogger:
-    """The one writer of a run's scalars: TensorBoard and every started tracker get the same ``{name: value}`` at
-    the same step. Same interface as :class:`utils.utils_logger.TensorBoardWriter` (images go to TensorBoard only);
-    every method is a no-op on ranks other than 0.
+    """The one writer of a run's scalars and images: TensorBoard and every started tracker get the same
+    ``{name: value}`` (and the same validation image) at the same step. Same interface as
+    :class:`utils.utils_logger.TensorBoardWriter`; every method is a no-op on ranks other than 0.
 
     Args:
         tensorboard: the run's TensorBoard writer.
@@ -298,8 +308,19 @@ class RunLogger:
                 logger.warning("logger.%s: step %d was not logged: %s", tracker.key, step, _one_line(exc))
 
     def image(self, tag: str, image: torch.Tensor | np.ndarray, step: int) -> None:
-        """Log one image ``(3, H, W)`` float in [0, 1] to TensorBoard."""
+        """Log one image ``(3, H, W)`` float in [0, 1] to TensorBoard and the trackers (W&B: a ``wandb.Image``
+        under ``tag``; MLflow: ``log_image`` with key ``tag`` with ``/`` as ``_``, MLflow's image-key rule)."""
         self.tensorboard.image(tag, image, step)
+        if not self.trackers:
+            return
+        chw = torch.as_tensor(image).detach().float().cpu().clamp(0, 1)
+        rgb = chw.mul(255).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+        for tracker in self.trackers:
+            try:
+                tracker.log_image(tag, rgb, step)
+            except Exception as exc:  # a tracker outage must not stop the training
+                logger.warning("logger.%s: the image %s of step %d was not logged: %s", tracker.key, tag, step,
+                               _one_line(exc))
 
     def close(self) -> None:
         """Flush TensorBoard and close the tracker runs (marked failed when called while an exception unwinds)."""
