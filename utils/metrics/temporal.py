@@ -17,6 +17,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from utils.metrics.registry import MetricError
+
 # pyr_scale, levels, winsize, iterations, poly_n, poly_sigma, flags of TecoGAN's calcOpticalFlowFarneback call
 FARNEBACK = (0.5, 3, 15, 3, 5, 1.2, 0)
 TLP_SCALE = 100.0
@@ -33,7 +35,7 @@ def crop_box(height: int, width: int) -> tuple[int, int, int, int]:
 
     h, w = side(height), side(width)
     if h <= 0 or w <= 0:
-        raise ValueError(f"tof/tlp need frames of at least 48x48 pixels, got {height}x{width}")
+        raise MetricError(f"tof/tlp need frames of at least 48x48 pixels, got {height}x{width}")
     return (height - h) // 2, (width - w) // 2, h, w
 
 

@@ -71,7 +71,7 @@ def weight_path(key: str, weights_dir: str | os.PathLike | None = None) -> str:
 
 
 def _missing_line(w: WeightFile, path: str, why: str = "") -> str:
-    return (f"metric weights {path} are missing{f' and could not be fetched ({why})' if why else ''}: download "
+    return (f"metric weights {path} are missing{f' and could not be downloaded ({why})' if why else ''}: download "
             f"{w.url} to that path (python scripts/download_metric_weights.py), or point {FLAG} at a folder holding "
             f"{w.filename}")
 
@@ -91,7 +91,9 @@ def ensure_weights(specs: Sequence[MetricSpec], weights_dir: str | os.PathLike |
         path = weight_path(w.key, weights_dir)
         error = ensure_file_on_rank0(path, w.url, w.sha256)
         if error is not None:
-            raise MetricError(_missing_line(w, path, error.splitlines()[0]))
+            # keep the reason only (utils_download's own advice is replaced by ours)
+            reason = error.splitlines()[0].split(". If this machine")[0].split(f"{path}: ", 1)[-1]
+            raise MetricError(_missing_line(w, path, reason))
         paths[w.key] = path
     return paths
 

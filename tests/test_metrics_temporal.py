@@ -1,0 +1,80 @@
+"""tOF and tLP equal TecoGAN's own metrics.py (frozen by scripts/reference/make_metric_fixtures.py) on a real H.264
+video with camera motion; a clip scored in chunks or in primed segments gives the whole clip's values bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.metric_data import PAN_VIDEO, decode_rgb, make_weights, pan_frames, to_tensor
+from utils.metrics import MetricError, resolve
+from utils.metrics.scorer import MetricSuite
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
+REF = json.load(open(os.path.join(FIXTURES, "reference_metrics.json")))
+
+
+@pytest.fixture(scope="module")
+def clip():
+    """(output, GT): the decoded H.264 pan and its source frames, (10, 3, 288, 384) each."""
+    return to_tensor(decode_rgb(os.path.join(FIXTURES, PAN_VIDEO))), to_tensor(pan_frames())
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    weights = make_weights(str(tmp_path_factory.mktemp("metric_weights")), seed=REF["tecogan_weights_seed"])
+    return MetricSuite(resolve(["psnr", "lpips", "niqe", "tof", "tlp"], True), "cpu", weights, verify=False)
+
+
+def test_tof_tlp_equal_tecogan(clip, suite, one_thread):
+    out, gt = clip
+    scorer = suite.scorer("pan")
+    rows = scorer.update(out, gt, 0)
+    assert "tof" not in rows[0] and "tlp" not in rows[0]  # frame 0 has no previous frame
+    for t, want in REF["tof"].items():
+        assert rows[int(t)]["tof"] == pytest.approx(want, rel=1e-5), t
+    for t, want in REF["tlp"].items():
+        assert rows[int(t)]["tlp"] == pytest.approx(want, rel=1e-5), t
+    clip_mean = scorer.finish()
+    assert clip_mean["tof"] == pytest.approx(np.mean([r["tof"] for r in rows[1:]]))
+
+
+def test_segments_and_chunks_score_as_the_whole_clip(clip, suite, one_thread):
+    out, gt = clip
+    whole = suite.scorer().update(out, gt, 0)
+    chunked = suite.scorer()
+    rows = [r for a, b in ((0, 3), (3, 4), (4, 10)) for r in chunked.update(out[a:b], gt[a:b], a)]
+    assert rows == whole
+    segment = suite.scorer()  # a second process restoring frames 6..9 sees frame 5 only through prime()
+    segment.prime(out[5], gt[5], index=5)
+    assert segment.update(out[6:], gt[6:], 6) == whole[6:]
+    with pytest.raises(ValueError, match="does not continue frame 9"):
+        chunked.update(out[:1], gt[:1], 0)
+
+
+def test_a_seam_is_a_spike(clip, suite, one_thread):
+    """A frame restored differently from its neighbours (a tile seam, a flicker) stands out in the per-frame curve."""
+    out, gt = clip
+    bad = out.clone()
+    bad[6, :, :, 192:] = torch.roll(bad[6, :, :, 192:], 3, dims=-1)  # the right half of frame 6 slips 3 px
+    rows = suite.scorer().update(bad, gt, 0)
+    for name in ("tof", "tlp"):
+        curve = [r[name] for r in rows[1:]]
+        assert np.argmax(curve) + 1 in (6, 7), (name, curve)  # pairs (5, 6) and (6, 7) hold the seam
+
+
+def test_a_clip_too_short_and_missing_gt(clip, suite):
+    out, gt = clip
+    scorer = suite.scorer("one")
+    scorer.update(out[:1], gt[:1], 0)
+    with pytest.raises(MetricError, match=r"clip 'one' has 1 frame, too few for tof needs 2; tlp needs 2"):
+        scorer.finish()
+    primed = suite.scorer("seg")  # one frame after a primed one is a pair
+    primed.prime(out[0], gt[0])
+    assert "tof" in primed.update(out[1:2], gt[1:2], 1)[0]
+    with pytest.raises(MetricError, match="psnr, lpips, tof, tlp need ground truth, which clip 'x' lacks"):
+        suite.scorer("x").update(out[:2], None, 0)
