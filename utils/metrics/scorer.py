@@ -64,8 +64,12 @@ class MetricSuite:
         self.batch_frames = batch_frames
         self.nets: dict[str, torch.nn.Module] = {}
 
-        def load(key: str) -> dict:
-            return load_weights(key, weights_dir, verify)
+        loaded: dict[str, dict] = {}
+
+        def load(key: str) -> dict:  # VGG16 serves LPIPS-VGG and DISTS: read and checked once
+            if key not in loaded:
+                loaded[key] = load_weights(key, weights_dir, verify)
+            return loaded[key]
 
         if "lpips" in self.names or "tlp" in self.names:
             self.nets["lpips"] = LPIPS("alex", load("alexnet"), load("lpips_alex")).to(self.device)
