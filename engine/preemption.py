@@ -1,5 +1,6 @@
-"""Stop requests: SIGTERM, SIGUSR1 or Ctrl-C end the run at the next step boundary, with a checkpoint of the step
-all ranks agree on."""
+"""Stop requests: SIGTERM, SIGUSR1, Ctrl-C or a hang-up end the run at the next step boundary, with a checkpoint of
+the step all ranks agree on, also when the signal reaches every process of the job at once (the loader workers
+ignore it: :mod:`utils.utils_signals`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 
 from utils import utils_dist
 from utils.utils_launch import STOP_ENV
-
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+from utils.utils_signals import install_stop_handler, restore_handlers
 
 
 class StopRequest:
-    """Remembers a SIGTERM/SIGUSR1/SIGINT so the loop can checkpoint at the next step boundary and exit.
+    """Remembers a stop signal (:data:`utils.utils_signals.STOP_SIGNALS`: SIGTERM, SIGUSR1, Ctrl-C, a terminal's
+    hang-up) so the loop can checkpoint at the next step boundary and exit.
 
     A second SIGINT (Ctrl-C pressed twice in a terminal) interrupts at once, as Python does by default.
     """
@@ -24,10 +25,7 @@ class StopRequest:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        for name in STOP_SIGNALS:
-            signum = getattr(signal, name, None)
-            if signum is not None:
-                self._previous[signum] = signal.signal(signum, self._handle)
+        self._previous = install_stop_handler(self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         del frame
@@ -36,9 +34,8 @@ class StopRequest:
         self.signal_name = signal.Signals(signum).name  # nothing else here: a handler may interrupt logging
 
     def uninstall(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+        restore_handlers(self._previous)
+        self._previous = {}
 
     def agreed(self) -> bool:
         """True on every rank when any rank received a stop signal (one small all-reduce)."""

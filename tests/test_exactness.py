@@ -160,8 +160,9 @@ def test_elastic_restart_after_sigkill_is_bit_identical(vrt_two_process_referenc
 
 def _launch(tmp_path, opt, task, sig, target, nproc, at_step=2, timeout=300):
     """``bash launch_train.sh OPT`` as a terminal job; once the log shows step ``at_step``, send ``sig`` to the
-    launcher (``target='agent'``: what scancel or SLURM's --signal do) or to its process group (``'group'``: Ctrl-C
-    in the terminal)."""
+    launcher (``target='agent'``: SLURM's --signal to the batch step) or to its process group (``'group'``: Ctrl-C or
+    a hang-up in the terminal, ``timeout``, ``kill -TERM -- -PGID``; with one process the loader workers get it
+    too)."""
     env = base_env(threads=2, NPROC=str(nproc))
     root = os.path.join(tmp_path, "experiments")
     cmd = ["bash", os.path.join(ROOT, "launch_train.sh"), opt, "--set", f"task={task}", f"path.root={root}"]
@@ -186,7 +187,12 @@ def _launch(tmp_path, opt, task, sig, target, nproc, at_step=2, timeout=300):
     pytest.param(signal.SIGTERM, "agent", 2, id="SIGTERM-to-torchrun"),
     # the agent forwards SIGUSR1 through the same handler as SIGTERM (tests/test_slurm.py sends it to a worker)
     pytest.param(signal.SIGUSR1, "agent", 2, id="SIGUSR1-to-torchrun", marks=pytest.mark.slow),
-    pytest.param(signal.SIGINT, "group", 2, id="ctrl-c-torchrun"),
+    # every process of the job at once, loader workers included (timeout, kill -TERM -- -PGID, scancel, systemd)
+    pytest.param(signal.SIGTERM, "group", 1, id="SIGTERM-to-the-group-single"),
+    # a terminal's hang-up reaches torchrun's agent with the rest of the group; the agent forwards it
+    pytest.param(signal.SIGHUP, "group", 2, id="hangup-to-the-group-torchrun"),
+    # the same forwarding as the hang-up above, from Ctrl-C
+    pytest.param(signal.SIGINT, "group", 2, id="ctrl-c-torchrun", marks=pytest.mark.slow),
     pytest.param(signal.SIGINT, "group", 1, id="ctrl-c-single")])
 def test_preemption_through_the_launcher_saves_and_exits_zero(vrt_two_process_reference, tmp_path, sig, target,
                                                               nproc):
@@ -196,7 +202,7 @@ def test_preemption_through_the_launcher_saves_and_exits_zero(vrt_two_process_re
     stopped = re.search(rf"Stopped by {sig.name} at step (\d+): checkpoint saved", out)
     assert stopped, out[-3000:]
     assert complete_steps(models_dir(tmp_path, "pre"))[-1] == int(stopped.group(1))
-    if sig == signal.SIGTERM:  # the re-run through the launcher continues exactly
+    if sig == signal.SIGTERM and nproc == 2:  # the re-run through the launcher continues exactly
         root = os.path.join(tmp_path, "experiments")
         proc = subprocess.run(["bash", os.path.join(ROOT, "launch_train.sh"), opt, "--set", "task=pre",
                                f"path.root={root}"],
@@ -213,3 +219,65 @@ def test_the_reference_fixture_ran_at_two_threads(vrt_reference):
     log = open(os.path.join(ref_path, "experiments", "ref", "train.log")).read()
     assert "2 intra-op thread(s)" in log and "deterministic on" in log
     assert sys.platform.startswith("linux")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# IART: the same command twice, SIGTERM then resume across the SpyNet switch point, 2 processes == 1 accumulating
+# ----------------------------------------------------------------------------------------------------------------
+# A tiny x4 IART (implicit alignment, SpyNet, checkpointed Swin blocks) with EMA, 2 micro-batches of 1 clip per step
+# and its recipes' SpyNet phase (frozen, then trained at lr x 0.125) switching at step 3, the tiny scale of the
+# official 5,000 (a run stopped at step 1 crosses it after its resume); bf16 where the CPU multiplies it natively (as the recipes recommend). Stochastic depth is off so
+# that one uninterrupted run is the reference of all three cases: its per-rank random streams follow the number of
+# processes by design (tests/test_elastic.py).
+IART_TINY_OPT = {
+    **VRT_TINY_OPT, "task": "iart", "scale": 4,
+    "netG": {"net_type": "iart", "mid_channels": 8, "embed_dim": 8, "depths": [1], "num_heads": [2],
+             "window_size": [3, 4, 4], "use_checkpoint": [True, False, False, True], "drop_path_rate": 0.0,
+             "spynet_path": None},
+    "datasets": {"train": {**VRT_TINY_OPT["datasets"]["train"], "task": "sr", "gt_size": 256, "num_clips": 5,
+                           "dataloader_num_workers": 0}},
+    "train": {**VRT_TINY_OPT["train"], "fix_iter": 3, "fix_keys": ["spynet"], "fix_lr_mul": 0.125, "total_iter": 3,
+              "checkpoint_save": 3, "amp": "bf16" if cpu_has_native_bf16() else "none"},
+}
+
+
+@pytest.fixture(scope="module")
+def iart_reference(tmp_path_factory):
+    """An uninterrupted 3-step IART run (1 process, 2 threads, 2 micro-batches a step)."""
+    tmp_path = tmp_path_factory.mktemp("iart")
+    opt = write_opt(tmp_path, base=IART_TINY_OPT)
+    assert_ok(_run(tmp_path, opt, "ref"))
+    return tmp_path, opt
+
+
+def test_iart_same_command_twice_is_bit_identical(iart_reference, tmp_path):
+    ref_path, opt = iart_reference
+    assert_ok(_run(tmp_path, opt, "again"))
+    _copy_reference_log(ref_path, tmp_path, "again")
+    assert_same_run(tmp_path, "ref", "again", 3)
+
+
+def test_iart_sigterm_then_resume_across_the_spynet_switch_is_bit_identical(iart_reference, tmp_path):
+    ref_path, opt = iart_reference
+    stopped = _run(tmp_path, opt, "term", TEST_SIGNAL_AT_STEP="1", TEST_SIGNAL="SIGTERM")
+    assert_ok(stopped)
+    assert "Stopped by SIGTERM at step 1: checkpoint saved" in stopped.stdout
+    assert complete_steps(models_dir(tmp_path, "term")) == [1]
+    again = _run(tmp_path, opt, "term")
+    assert_ok(again)
+    resumed = again.stdout.split("Resuming from step 1")[1]
+    assert "at step 2" in resumed.split("Freeze")[1] and "at step 3" in resumed.split("Unfreeze")[1]
+    _copy_reference_log(ref_path, tmp_path, "term")
+    assert_same_run(tmp_path, "ref", "term", 3)
+
+
+def test_iart_two_processes_equal_one_accumulating(iart_reference, tmp_path):
+    """2 processes of 1 clip each against 1 process accumulating 2 micro-batches: DDP averages ``(g0 + g1) / 2``,
+    accumulation sums ``g0 / 2 + g1 / 2``: the same bits (the SpyNet phase change re-wraps DDP at step 3)."""
+    ref_path, opt = iart_reference
+    proc = _run(tmp_path, opt, "ddp", "train.grad_accum_steps=1", nproc=2)
+    assert_ok(proc)
+    log = open(os.path.join(tmp_path, "experiments", "ddp", "train.log")).read()
+    assert "Global batch 2 = 1 per process x 2 process(es) x 1 accumulation step(s)" in log
+    _copy_reference_log(ref_path, tmp_path, "ddp")
+    assert_same_run(tmp_path, "ref", "ddp", 3)

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from utils.utils_signals import ignore_stop_signals
+
 logger = logging.getLogger(__name__)
 
 
@@ -152,8 +154,10 @@ class DataLoaderStallError(RuntimeError):
 
 
 def worker_init_fn(worker_id: int) -> None:
-    """Give each loader worker distinct module RNG streams (items are re-seeded per item anyway), and let it
-    print its stack on SIGUSR2 (used when the loader stalls)."""
+    """Give each loader worker distinct module RNG streams (items are re-seeded per item anyway), let it print its
+    stack on SIGUSR2 (used when the loader stalls), and leave stop signals sent to the whole job to the main
+    process, which stops at a step boundary (:mod:`utils.utils_signals`)."""
+    ignore_stop_signals()
     base = torch.initial_seed() % 2**32
     random.seed(base + worker_id)
     np.random.seed((base + worker_id) % 2**32)

@@ -3,7 +3,8 @@
 torchrun forwards SIGTERM/SIGINT to its workers, gives them ``--shutdown-timeout`` seconds (30 by default) and
 then exits with an error whatever they did, and SIGUSR1 (SLURM's ``--signal``) kills the agent outright. A
 preempted job should instead end with a checkpoint and exit 0, so this wrapper runs torchrun's own ``main`` in
-this process and takes over SIGTERM, SIGINT and SIGUSR1:
+this process and takes over SIGTERM, SIGINT, SIGUSR1 and SIGHUP (a terminal's hang-up; left ignored under
+``nohup``):
 
 * the first one is forwarded to every worker; each stops at the next step boundary (the ranks agree on the step),
   rank 0 saves that step, the workers exit 0 and so does torchrun. Workers that torchrun starts afterwards (a
@@ -37,9 +38,11 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.run import get_args_parser
 from torch.distributed.run import main as torchrun_main
 
+from utils.utils_signals import STOP_SIGNALS, install_stop_handler
+
 logger = logging.getLogger(__name__)
 
-FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
+FORWARDED = STOP_SIGNALS  # SIGTERM, SIGUSR1, SIGINT, SIGHUP
 STOP_ENV = "VRT_STOP_REQUESTED"  # read by the training loop (engine) of workers started after a stop request
 SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
@@ -131,15 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # torchrun (re-)installs its handlers at every worker start; keep it away from the signals we take over
     if "--signals-to-handle" in get_args_parser()._option_string_actions:
-        argv.insert(0, "--signals-to-handle=SIGHUP,SIGQUIT")
+        argv.insert(0, "--signals-to-handle=SIGQUIT")
     else:  # torch < 2.5 reads the environment only
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
     if SHARED_STORE_ENV not in os.environ and joinable_rendezvous(argv):
         os.environ[SHARED_STORE_ENV] = "1"  # see the module docstring
     passive_wait_when_oversubscribed(argv)
     forwarder = _Forwarder()
-    for name in FORWARDED:
-        signal.signal(getattr(signal, name), forwarder)
+    install_stop_handler(forwarder)
     try:
         torchrun_main(argv)
     except SignalException as exc:
