@@ -3,14 +3,17 @@ doc of each key it reads) and resolves its option dict with :func:`resolve_optio
 
 The spec of a dataset section is ``{**DATASET_COMMON, **cls.OPTIONS}`` (:mod:`utils.utils_option_schema`), the
 same one ``utils_option.parse(..., dataset_specs=select_dataset.option_specs())`` checks an option file against,
-so a dataset built directly (tests, ``main_test_vrt.py``) gets the same errors and defaults as one built from an
-option file. Defaults are written in the ``Opt`` entries only; the classes read ``opt[key]``.
+so a dataset built directly (tests, ``main_test_vrt.py``) gets the same defaults and checks of its own keys as one
+built from an option file. What the other dataset types read (KAIR's sibling keys, accepted without effect, and the
+reader named in an unknown-key error) is known to the registry, which hands it down (``define_Dataset``,
+``option_specs``): this module sits below every dataset module and imports none. Defaults are written in the
+``Opt`` entries only; the classes read ``opt[key]``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from utils.utils_option import foreign_keys, resolve_section
@@ -19,7 +22,7 @@ from utils.utils_option_schema import DATASET_COMMON, NUM, OPTIONAL, Opt
 logger = logging.getLogger(__name__)
 
 __all__ = ["AUGMENT", "DATASET_FAMILIES", "NOISE_RANGE", "RGB_CHANNELS", "at_least", "family_of", "only",
-           "resolve_options", "spec_of"]
+           "own_keys", "resolve_options", "spec_of"]
 
 # Dataset types whose option files carry each other's keys: KAIR's video dataset classes (REDS/Vimeo/DVD/GoPro/
 # DAVIS train and test sets) ignore the keys of their siblings, and KAIR's recipes keep them (a Vimeo file with
@@ -73,7 +76,8 @@ def spec_of(cls: type) -> dict[str, Opt]:
     return {**DATASET_COMMON, **cls.OPTIONS}
 
 
-def resolve_options(cls: type, opt: dict[str, Any]) -> dict[str, Any]:
+def resolve_options(cls: type, opt: dict[str, Any], specs: Mapping[str, Mapping[str, Opt]] | None = None
+                    ) -> dict[str, Any]:
     """Check a dataset's option dict against its class's spec and fill the defaults.
 
     ``dataset_type`` defaults to the class name (a dataset built directly knows its type). Keys that are accepted
@@ -82,6 +86,10 @@ def resolve_options(cls: type, opt: dict[str, Any]) -> dict[str, Any]:
     Args:
         cls: the dataset class (its ``OPTIONS``).
         opt: the section as written or as parsed; not modified.
+        specs: the ``OPTIONS`` of every registered dataset type (``data.select_dataset.option_specs()``; the
+            registry passes them, this module does not import it): a key of a sibling type of ``cls``'s family is
+            then dropped with a note, and an unknown key that another type reads is named with its reader. Without
+            them (a class built directly) every key must be ``cls``'s own.
 
     Returns:
         A new dict holding every key of the spec that has a default.
@@ -92,13 +100,22 @@ def resolve_options(cls: type, opt: dict[str, Any]) -> dict[str, Any]:
     """
     spec = spec_of(cls)
     values = {"dataset_type": cls.__name__, **opt}
-    # the registry imports every dataset module (this one's callers included), so it is read at call time
-    from data.select_dataset import option_specs
-
-    specs, kind = option_specs(), cls.__name__.lower()
-    siblings, others = foreign_keys(specs, kind, family_of(kind))
+    kind = cls.__name__.lower()
+    siblings, others = foreign_keys(specs, kind, family_of(kind)) if specs is not None else (None, None)
     resolved = resolve_section(values, spec, where=cls.__name__, family=siblings, elsewhere=others)
     for key in opt:
         if key in spec and spec[key].note:
             logger.info("%s: option '%s' has no effect: %s", cls.__name__, key, spec[key].note)
     return resolved
+
+
+def own_keys(cls: type, opt: Mapping[str, Any], specs: Mapping[str, Mapping[str, Opt]]) -> dict[str, Any]:
+    """The keys of ``opt`` that ``cls`` reads, as written, after the whole section was checked with every type's
+    ``specs`` (:func:`resolve_options`: a sibling type's key is dropped with a note; an unknown key is an error
+    naming the type that reads it). Nothing else is logged: the class resolves the result when it is built."""
+    spec = spec_of(cls)
+    kind = cls.__name__.lower()
+    siblings, others = foreign_keys(specs, kind, family_of(kind))
+    resolve_section({"dataset_type": cls.__name__, **opt}, spec, where=cls.__name__, family=siblings,
+                    elsewhere=others)
+    return {k: v for k, v in opt.items() if k in spec}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import uuid
 from typing import Any
 
 import numpy as np
@@ -28,51 +27,33 @@ from torch.utils.data import Dataset
 
 from data.data_roots import nearest_existing, writes_synthetic
 from data.dataset_options import AUGMENT, NOISE_RANGE, RGB_CHANNELS, at_least, resolve_options
-from data.dataset_synthetic import bicubic_downsample, render_clip
+from data.dataset_synthetic import bicubic_downsample
 from data.dataset_video_file import VIDEO_EXTENSIONS, is_video_file, list_videos
 from data.degradation_pipeline import DEGRADATION_OPTIONS, build_degradation
-from data.video_frame_index import FrameIndex, VideoClipReader, load_index
+from data.synthetic_videos import SYNTHESIZE_DEFAULTS, refuse_synthesize, synthesize_videos
+from data.video_frame_index import (
+    INDEX_DIR_NAME,
+    RUN_INDEX_DIR,
+    FrameIndex,
+    VideoClipReader,
+    default_index_dir,
+    load_index,
+)
 from utils import utils_dist, utils_video
 from utils.utils_option_schema import OPT_INT, OPT_NUM, OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError
-from utils.utils_video_file import VideoFileError, VideoWriter
+from utils.utils_video_file import VideoFileError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INDEX_DIR_NAME", "RUN_INDEX_DIR", "SYNTHESIZE_DEFAULTS", "VideoFileTrainDataset", "synthesize_videos",
-           "with_run_index_dir"]
+__all__ = ["VideoFileTrainDataset"]
 
-INDEX_DIR_NAME = ".vrt_index"  # a dataset built outside a run: the cache beside the videos
-RUN_INDEX_DIR = "video_index"  # a dataset built by training: experiments/<task>/video_index
-SYNTHESIZE_DEFAULTS: dict[str, Any] = {"num_videos": 4, "num_frames": 60, "size": [256, 256], "seed": 0}
-SYNTHESIZE_CRF = 12  # near-transparent H.264: the synthetic videos are GT
-SYNTHESIZE_FPS = 25
 _READ_ERRORS = (VideoFileError, OSError)
 
 
 def _refuse_intervals(value: list) -> str | None:
     ok = value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
     return None if ok else "must be a non-empty list of integers >= 1"
-
-
-def _refuse_synthesize(value: dict | None) -> str | None:
-    if value is None:
-        return None
-    unknown = sorted(set(value) - {*SYNTHESIZE_DEFAULTS, "root"})
-    if unknown:
-        return f"unknown key(s) {unknown}; use {sorted({*SYNTHESIZE_DEFAULTS, 'root'})}"
-    if not isinstance(value.get("root"), str) or not value["root"]:
-        return ("needs 'root': the folder it may write, the same as dataroot_gt (synthetic data is written only "
-                "where the option file asks for it)")
-    spec = {**SYNTHESIZE_DEFAULTS, **value}
-    ints = [spec["num_videos"], spec["num_frames"], spec["seed"]]
-    size = spec["size"]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints) or min(ints[:2]) < 1:
-        return "num_videos and num_frames must be integers >= 1, seed an integer >= 0"
-    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(s, int) and s >= 16 and s % 2 == 0
-                                                              for s in size)):
-        return "size must be [H, W], even integers >= 16 (H.264 4:2:0 needs an even size)"
-    return None
 
 
 class VideoFileTrainDataset(Dataset):
@@ -144,8 +125,11 @@ class VideoFileTrainDataset(Dataset):
                                      "required; missing other keys take these values). A `dataroot_gt` other than "
                                      "`root` (e.g. a misspelt folder of your videos) is never written: a missing "
                                      "one is an error naming the nearest existing folder. null: never write.",
-                                     refuse=_refuse_synthesize),
+                                     refuse=refuse_synthesize),
     }
+    # keys that training points into the run's folder when the option file leaves them null
+    # (data.select_dataset.define_Dataset(..., run_dir=experiments/<task>))
+    RUN_FOLDERS: dict[str, str] = {"index_dir": RUN_INDEX_DIR}
 
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__()
@@ -174,14 +158,14 @@ class VideoFileTrainDataset(Dataset):
         root = opt["dataroot_gt"]
         if writes_synthetic(opt):
             spec = {k: v for k, v in opt["synthesize_if_missing"].items() if k != "root"}
-            _leader_first(lambda: synthesize_videos(root, {**SYNTHESIZE_DEFAULTS, **spec}), lambda: None)
+            _rank0_first(lambda: synthesize_videos(root, {**SYNTHESIZE_DEFAULTS, **spec}))
         if not os.path.exists(root):
             raise DataCheckError(f"{name}: dataroot_gt {root} does not exist (nearest existing folder: "
                                  f"{nearest_existing(root)})")
-        self.index_dir = opt["index_dir"] or _default_index_dir(root)
+        self.index_dir = opt["index_dir"] or default_index_dir(root)
         self.reader = VideoClipReader()
         self.stats = {"indexed": 0, "cached": 0}
-        _leader_first(lambda: self._scan(report=True), lambda: self._scan(report=False))
+        _rank0_first(lambda: self._scan(report=True), lambda: self._scan(report=False))
 
         counts = np.array([ix.num_frames for ix, _ in self.videos], dtype=np.int64)
         self.per_frame = opt["clips_per_video"] is None
@@ -365,83 +349,7 @@ def _valid_starts(num_frames: int, cuts: np.ndarray | None, span: int) -> np.nda
     return starts[cuts[starts + span - 1] == cuts[starts]]
 
 
-def with_run_index_dir(dataset_opt: dict[str, Any], task_dir: str) -> dict[str, Any]:
-    """The dataset section as training builds it: a :class:`VideoFileTrainDataset` whose ``index_dir`` is unset
-    keeps its frame index beside the run (``<task_dir>/video_index``); any other section is returned as it is.
-
-    Returns a new dict (the parsed options are not modified). The cache files are written atomically (a unique
-    temporary name, then ``os.replace``), so ranks or runs indexing at once never leave a torn entry.
-    """
-    if str(dataset_opt["dataset_type"]).lower() != VideoFileTrainDataset.__name__.lower() or \
-            dataset_opt.get("index_dir"):
-        return dataset_opt
-    return {**dataset_opt, "index_dir": os.path.join(task_dir, RUN_INDEX_DIR)}
-
-
-def _default_index_dir(root: str) -> str:
-    folder = root if os.path.isdir(root) else os.path.dirname(os.path.abspath(root))
-    beside = os.path.join(folder, INDEX_DIR_NAME)
-    if os.access(beside if os.path.isdir(beside) else folder, os.W_OK):
-        return beside
-    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache_home, "vrt", "video_index")
-
-
-def _leader_first(lead: Any, follow: Any) -> None:
-    """Run ``lead`` on rank 0 (every process without a process group), then ``follow`` on the other ranks; an
-    error on rank 0 is raised on every rank (no rank is left waiting)."""
-    if not utils_dist.is_dist():
-        lead()
-        return
-    if utils_dist.get_rank() != 0:
-        error = utils_dist.broadcast_object(None)
-        if error:
-            raise DataCheckError(f"on rank 0: {error}")
-        follow()
-        return
-    try:
-        lead()
-    except Exception as e:
-        utils_dist.broadcast_object(f"{type(e).__name__}: {e}")
-        raise
-    utils_dist.broadcast_object(None)
-
-
-def synthesize_videos(root: str, spec: dict[str, Any]) -> bool:
-    """Write ``spec['num_videos']`` synthetic H.264 videos (``synthetic_000.mp4``, ...) into the new folder ``root``.
-
-    Videos are rendered by :func:`data.dataset_synthetic.render_clip` from ``(seed, k)``, ``num_frames`` frames of
-    ``size`` ``[H, W]``, at 25 fps, CRF 12. They are written into a temporary folder beside ``root`` that is then
-    renamed onto it, so ``root`` appears complete or not at all; if another process made ``root`` meanwhile, its
-    folder is kept.
-
-    Returns:
-        Whether this call wrote ``root`` (``False``: it already existed).
-    """
-    if os.path.exists(root):
-        return False
-    root = os.path.abspath(root)
-    tmp = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    height, width = spec["size"]
-    logger.info("dataroot_gt %s does not exist: writing %d synthetic videos (%d frames of %dx%d)", root,
-                spec["num_videos"], spec["num_frames"], width, height)
-    try:
-        os.makedirs(tmp)
-        for k in range(spec["num_videos"]):
-            clip = render_clip(np.random.default_rng([spec["seed"], k]), spec["num_frames"], height, width)
-            with VideoWriter(os.path.join(tmp, f"synthetic_{k:03d}.mp4"), SYNTHESIZE_FPS, codec="h264",
-                             crf=SYNTHESIZE_CRF) as writer:
-                for frame in np.round(clip * 255).astype(np.uint8):
-                    writer.write(frame)
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            if not os.path.isdir(root):
-                raise
-            return False  # another process won the race; its (identical) videos are kept
-        return True
-    finally:
-        if os.path.isdir(tmp):
-            for f in os.listdir(tmp):
-                os.remove(os.path.join(tmp, f))
-            os.rmdir(tmp)
+def _rank0_first(lead: Any, follow: Any = None) -> None:
+    """Rank 0 writes (synthetic videos, index caches) first, then the other ranks read; an error on rank 0 stops
+    every rank (the others with ``DataCheckError('on rank 0: <type>: <text>')``)."""
+    utils_dist.rank0_first(lead, follow, raise_as=lambda name, text: DataCheckError(f"on rank 0: {name}: {text}"))

@@ -235,7 +235,7 @@ class Resize(Operation):
         "direction_prob": Opt(list, [0.2, 0.7, 0.1], "Weights of up, down, keep.", refuse=_weights(3)),
         "relative_to": Opt(str, "input", "Size the factor applies to: the clip as it comes (`input`) or GT / scale "
                            "(`target`, Real-ESRGAN's second resize).", choices=("input", "target")),
-        "mode": Opt((str, list), ["area", "bilinear", "bicubic"], "Interpolations to choose from.",
+        "mode": Opt((str, list), list(dg.RESIZE_MODES), "Interpolations to choose from.",
                     refuse=_names(tuple(dg.RESIZE_MODES))),
         "mode_prob": Opt((list, type(None)), None, "Weights of `mode` (null: equal).", refuse=_weights(None)),
     }

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.degradation_ops import OPERATIONS, Clip, Context, DegradationError, Operation
-from data.degradations import resize_clip, to_float32
+from data.degradation_ops import KERNELS, OPERATIONS, Clip, Context, DegradationError, Operation
+from data.degradations import RESIZE_MODES, resize_clip, to_float32
 from utils.utils_option import OptionError, resolve_section
 from utils.utils_option_schema import Opt
 
@@ -40,10 +40,10 @@ __all__ = ["DEGRADATION_OPTIONS", "OPERATIONS", "PRESETS", "Degradation", "Degra
            "check_degradations"]
 
 # ------------------------------------------------------------------------------------------------------- presets
-_KERNELS = ["iso", "aniso", "generalized_iso", "generalized_aniso", "plateau_iso", "plateau_aniso", "sinc"]
+_KERNELS = list(KERNELS)
 # Real-ESRGAN's kernel mix (0.45, 0.25, 0.12, 0.03, 0.12, 0.03), of which sinc takes 10 %
 _KERNEL_PROB = [0.405, 0.225, 0.108, 0.027, 0.108, 0.027, 0.1]
-_MODES = ["area", "bilinear", "bicubic"]
+_MODES = list(RESIZE_MODES)
 
 
 def _blur(name: str, sigma: list[float], prob: float = 1.0, vary: float = 0.0) -> dict[str, Any]:

@@ -8,10 +8,12 @@ Each class declares the keys of its option section in ``OPTIONS``; :func:`option
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torch.utils.data import Dataset
 
+from data.dataset_options import own_keys
 from data.dataset_synthetic import SyntheticVideoTestDataset, SyntheticVideoTrainDataset
 from data.dataset_video_file import VideoFileTestDataset
 from data.dataset_video_file_train import VideoFileTrainDataset
@@ -58,8 +60,17 @@ def option_specs() -> dict[str, dict[str, Opt]]:
     return {name: cls.OPTIONS for name, cls in DATASETS.items()}
 
 
-def define_Dataset(dataset_opt: dict[str, Any]) -> Dataset:
+def define_Dataset(dataset_opt: dict[str, Any], run_dir: str | None = None) -> Dataset:
     """Instantiate ``DATASETS[dataset_opt['dataset_type'].lower()](dataset_opt)`` (the dict is not modified).
+
+    The section is checked against every registered type first, as an option file is: a key of a KAIR sibling
+    type is accepted without effect (one note), an unknown key names the type that reads it.
+
+    Args:
+        dataset_opt: the dataset section.
+        run_dir: the run's folder (``experiments/<task>``) when training builds the set: each key of the class's
+            ``RUN_FOLDERS`` (``{key: sub-folder}``, e.g. the video-file set's frame-index cache) that the section
+            leaves unset points into it.
 
     Raises:
         KeyError: unknown ``dataset_type`` (the message lists the registered ones).
@@ -68,4 +79,9 @@ def define_Dataset(dataset_opt: dict[str, Any]) -> Dataset:
     name = str(dataset_opt.get("dataset_type")).lower()
     if name not in DATASETS:
         raise KeyError(f"dataset_type={dataset_opt.get('dataset_type')!r} is unknown; registered: {sorted(DATASETS)}")
-    return DATASETS[name](dataset_opt)
+    cls = DATASETS[name]
+    opt = own_keys(cls, dataset_opt, option_specs())
+    if run_dir is not None:
+        opt.update({key: os.path.join(run_dir, folder) for key, folder in getattr(cls, "RUN_FOLDERS", {}).items()
+                    if not opt.get(key)})
+    return cls(opt)

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,14 +33,19 @@ import av
 import av.filter
 import numpy as np
 
+from utils.utils_fs import atomic_open
+
 # the conversion VideoReader applies, so that a frame read here equals the frame a full decode gives
 from utils.utils_video_file import VideoFileError, frame_to_rgb
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INDEX_VERSION", "FrameIndex", "VideoClipReader", "index_cache_path", "load_index", "scan_video"]
+__all__ = ["INDEX_DIR_NAME", "INDEX_VERSION", "RUN_INDEX_DIR", "FrameIndex", "VideoClipReader", "default_index_dir",
+           "index_cache_path", "load_index", "scan_video"]
 
 INDEX_VERSION = 1
+INDEX_DIR_NAME = ".vrt_index"  # a dataset built outside a run: the cache beside the videos
+RUN_INDEX_DIR = "video_index"  # a dataset built by training: experiments/<task>/video_index
 MAX_OPEN = 4  # containers kept open per process (per dataset)
 CROP_MARGIN = 16  # pixels kept around a window while it is converted (the bicubic chroma filter reads about 4)
 CROP_ALIGN = 4  # window offsets are multiples of this (chroma subsampling up to 4:1:1 / 4:1:0 stays aligned)
@@ -256,17 +260,25 @@ def load_index(path: str, cache_dir: str | None, scene_diff: bool = False,
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
-    """Write atomically (a temporary beside it, then ``os.replace``); a cache that cannot be written is skipped."""
-    tmp = f"{path}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    """Write atomically (:func:`utils.utils_fs.atomic_open`); a cache that cannot be written is skipped."""
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w") as f:
+        with atomic_open(path, "w") as f:
             json.dump(data, f, separators=(",", ":"))
-        os.replace(tmp, path)
     except OSError as e:
         logger.warning("cannot write the frame index cache %s (%s); the index is rebuilt on the next start", path, e)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+
+def default_index_dir(root: str) -> str:
+    """Where the index cache of the videos under ``root`` (a folder, a list file or a video) lives when nothing
+    names a folder for it: :data:`INDEX_DIR_NAME` beside the videos when that is writable, else
+    ``$XDG_CACHE_HOME/vrt/video_index`` (``~/.cache/...``). Training names the run's folder instead
+    (``RUN_INDEX_DIR``)."""
+    folder = root if os.path.isdir(root) else os.path.dirname(os.path.abspath(root))
+    beside = os.path.join(folder, INDEX_DIR_NAME)
+    if os.access(beside if os.path.isdir(beside) else folder, os.W_OK):
+        return beside
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache_home, "vrt", "video_index")
 
 
 class VideoClipReader:

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from data.data_roots import missing_data_root
-from data.dataset_video_file_train import with_run_index_dir
 from data.select_dataset import define_Dataset
 from engine.preemption import StopRequest
 from engine.resume import (
@@ -84,7 +83,7 @@ def _build(opt: dict[str, Any], dist_info: DistInfo) -> tuple[Any, dict[str, Any
         if "train" not in {k.split("_")[0] for k in datasets}:
             raise ConfigError("option 'datasets' needs a 'train' entry")
         train_key = train_key_of(opt)
-        train_set = define_Dataset(with_run_index_dir(datasets[train_key], opt["path"]["task"]))
+        train_set = define_Dataset(datasets[train_key], run_dir=opt["path"]["task"])
         # every datasets.test* section is validated (e.g. `test` with ground truth and `test_footage`, your own
         # videos without); `test` keeps KAIR's lines
         test_sets = {k: define_Dataset(v) for k, v in datasets.items() if k.startswith("test")}

@@ -46,7 +46,7 @@ from engine.options import parse_options  # noqa: E402
 from models.model_zoo import TASKS, ModelZooError  # noqa: E402
 from models.net_io import InputMismatch, NetIO, unwrap  # noqa: E402
 from models.onnx_runner import MISSING_ORT, OnnxNetwork  # noqa: E402
-from utils import utils_checkpoint, utils_safetensors  # noqa: E402
+from utils import utils_checkpoint, utils_fs, utils_safetensors  # noqa: E402
 from utils.utils_option import OptionError  # noqa: E402
 
 logger = logging.getLogger("export")
@@ -54,6 +54,10 @@ logger = logging.getLogger("export")
 OPSET = 17
 TOLERANCE = {"fp32": 1e-4, "fp16": 5e-2}
 NOISE_LEVEL = 25 / 255  # the random input's noise-level map (non-blind denoisers)
+
+
+class _Refused(Exception):
+    """The exported graph is not kept (the message says why)."""
 
 
 class _Half(nn.Module):
@@ -135,6 +139,9 @@ def resolve_tile(args: argparse.Namespace, setup: TestSetup) -> tuple[int, int, 
         raise ValueError(f"--tile T H W: the graph is built for one tile size, give positive values (the model's "
                          f"test tile is {setup.tile[0]} {setup.tile[1]} {setup.tile[1]}, 0 meaning the whole clip)")
     _, mh, mw = io_.input_multiple
+    if min(height, width) < io_.min_size:
+        raise ValueError(f"--tile {frames} {height} {width}: the network takes frames of at least {io_.min_size} x "
+                         f"{io_.min_size} pixels; give a height and width of {io_.min_size} or more")
     if height % mh or width % mw:
         raise ValueError(f"--tile {frames} {height} {width}: tiles reach the network padded to multiples of "
                          f"{mh} x {mw}; give a height and width that are such multiples")
@@ -276,29 +283,27 @@ def export_onnx(args: argparse.Namespace, setup: TestSetup, net_g: dict[str, Any
         _fix_hw(model, tile)
     for key, value in metadata(setup, net_g, tile, dynamic, args).items():
         model.metadata_props.add(key=key, value=value)
-    tmp = f"{out}.tmp{os.getpid()}.onnx"
     try:
-        onnx.save(model, tmp)
-        onnx.checker.check_model(tmp)
-        print(f"exported in {time.perf_counter() - start:.1f} s; ONNX checker: ok")
-        tolerance = TOLERANCE[args.dtype] if args.tolerance is None else args.tolerance
-        diff = ort_difference(tmp, net, x, expected)
-        print(f"max |ONNX Runtime - PyTorch| on a random {tuple(x.shape)} input ({args.dtype}): {diff:.3g}")
-        worst = diff
-        if dynamic:
-            mh, mw = setup.io.input_multiple[1:]
-            other = (tile[0], tile[1] + mh, tile[2] + 2 * mw)
-            diff2 = ort_difference(tmp, net, random_input(setup.io, other, seed=1))
-            print(f"max |ONNX Runtime - PyTorch| at another size {other[1]} x {other[2]}: {diff2:.3g}")
-            worst = max(worst, diff2)
-        if not worst <= tolerance:
-            logger.error("the exported graph differs from PyTorch by %.3g (> --tolerance %g); nothing written",
-                         worst, tolerance)
-            return 1
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        with utils_fs.atomic_path(out, suffix=".onnx") as tmp:  # the checker and the runner read the extension
+            onnx.save(model, tmp)
+            onnx.checker.check_model(tmp)
+            print(f"exported in {time.perf_counter() - start:.1f} s; ONNX checker: ok")
+            tolerance = TOLERANCE[args.dtype] if args.tolerance is None else args.tolerance
+            diff = ort_difference(tmp, net, x, expected)
+            print(f"max |ONNX Runtime - PyTorch| on a random {tuple(x.shape)} input ({args.dtype}): {diff:.3g}")
+            worst = diff
+            if dynamic:
+                mh, mw = setup.io.input_multiple[1:]
+                other = (tile[0], tile[1] + mh, tile[2] + 2 * mw)
+                diff2 = ort_difference(tmp, net, random_input(setup.io, other, seed=1))
+                print(f"max |ONNX Runtime - PyTorch| at another size {other[1]} x {other[2]}: {diff2:.3g}")
+                worst = max(worst, diff2)
+            if not worst <= tolerance:
+                raise _Refused(f"the exported graph differs from PyTorch by {worst:.3g} (> --tolerance "
+                               f"{tolerance:g}); nothing written")
+    except _Refused as exc:
+        logger.error("%s", exc)
+        return 1
     print(f"wrote {out}")
     return 0
 

@@ -17,8 +17,9 @@ import torch
 from av.video.frame import PictureType
 
 from data.dataset_video_file import read_video
-from data.dataset_video_file_train import VideoFileTrainDataset, synthesize_videos
+from data.dataset_video_file_train import VideoFileTrainDataset
 from data.select_dataset import define_Dataset
+from data.synthetic_videos import synthesize_videos
 from data.video_frame_index import VideoClipReader, index_cache_path, load_index, scan_video
 from tests.support.helpers import TINY_OPT, assert_ok, base_env, reports, torchrun, write_opt
 from tests.support.video_helpers import moving_frames

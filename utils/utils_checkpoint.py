@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from utils import utils_dist, utils_safetensors
+from utils import utils_dist, utils_fs, utils_safetensors
+from utils.utils_fs import fsync_dir  # noqa: F401 (public here before utils_fs existed)
 
 logger = logging.getLogger(__name__)
 
@@ -35,31 +36,11 @@ class CheckpointError(RuntimeError):
 
 def atomic_save(obj: Any, path: str) -> None:
     """``torch.save`` to ``path`` through a temporary file in the same folder, fsynced, ``os.replace``d, and the
-    folder fsynced, so that once this returns the file survives a crash or a power loss under its final name."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(folder)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    folder fsynced, so that once this returns the file survives a crash or a power loss under its final name.
 
-
-def fsync_dir(folder: str) -> None:
-    """Make a rename in ``folder`` durable (a rename lives in the directory, not in the file)."""
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError:  # some network file systems refuse fsync on a directory; the rename itself is done
-        pass
-    finally:
-        os.close(fd)
+    The temporary is ``<name>.tmp<pid>-<hex>`` (not hidden), the form :func:`remove_stale_temporaries` clears."""
+    with utils_fs.atomic_open(path, "wb", durable=True, hidden=False) as f:
+        torch.save(obj, f)
 
 
 def safe_load(path: str, map_location: str | torch.device = "cpu") -> Any:

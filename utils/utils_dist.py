@@ -369,3 +369,41 @@ def all_reduce_max_int(value: int) -> int:
     tensor = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor.item())
+
+
+def rank0_first(lead: Callable[[], T], follow: Callable[[], Any] | None = None, *,
+                catch: tuple[type[BaseException], ...] = (Exception,),
+                raise_as: Callable[[str, str], BaseException] | None = None) -> T | None:
+    """Rank 0 runs ``lead`` (a fetch, a write, an index build), then the other ranks run ``follow`` (reading what it
+    made); an error of ``lead`` reaches every rank, so all of them go on or all stop (under torchrun one rank
+    failing alone would leave the others waiting in their next collective).
+
+    Without a process group the process runs ``lead`` when it is rank 0 (every single process), else ``follow``.
+
+    Args:
+        lead: rank 0's work; its result is returned on rank 0.
+        follow: the other ranks' work after ``lead`` succeeded (``None``: nothing); its result is returned there.
+        catch: the exceptions of ``lead`` that are handed to the other ranks (others propagate on rank 0 alone).
+        raise_as: builds the other ranks' exception from the type name and the text of rank 0's
+            (default: ``RuntimeError('on rank 0: <type>: <text>')``).
+
+    Raises:
+        On rank 0, ``lead``'s exception itself; on the other ranks, ``raise_as(type name, text)`` of it.
+    """
+    if get_rank() == 0:
+        try:
+            result = lead()
+        except catch as exc:
+            broadcast_object((type(exc).__name__, str(exc)))
+            raise
+        broadcast_object(None)
+        return result
+    failure = broadcast_object(None)
+    if failure is not None:
+        name, text = failure
+        raise (raise_as or _on_rank0)(name, text)
+    return follow() if follow is not None else None
+
+
+def _on_rank0(name: str, text: str) -> RuntimeError:
+    return RuntimeError(f"on rank 0: {name}: {text}")

@@ -1,4 +1,6 @@
-"""Checksum-verified, atomic downloads (the caller gives the address and the digest).
+"""Checksum-verified, atomic downloads (the caller gives the address and the digest), through
+``torch.hub.download_url_to_file`` (its temporary file, SHA-256 prefix check and rename), with a socket timeout and
+one-line errors added.
 
 Networks never download; the training flow calls these explicitly (on rank 0, followed by a barrier), and
 ``scripts/download_spynet.py`` does it by hand.
@@ -10,10 +12,11 @@ import argparse
 import hashlib
 import logging
 import os
-import tempfile
+import socket
 import urllib.error
-import urllib.request
 from pathlib import Path
+
+import torch.hub
 
 from utils import utils_dist
 
@@ -32,17 +35,17 @@ def sha256_of(path: str | os.PathLike) -> str:
 
 
 def download_verified(url: str, dest: str | os.PathLike, sha256: str, timeout: float = 60.0) -> Path:
-    """Download ``url`` to ``dest``, verify its SHA-256 and move it into place atomically.
-
-    The data goes to a temporary file in the destination directory, which replaces ``dest`` with
-    ``os.replace`` only after the digest matched, so a crash or a concurrent reader never sees a partial file.
+    """Download ``url`` to ``dest`` with ``torch.hub.download_url_to_file``, which writes a temporary file beside
+    ``dest``, checks its SHA-256 prefix and moves it into place only when it matches, so a crash or a concurrent
+    reader never sees a partial file and a bad download never replaces an existing one.
 
     Args:
         url: http(s):// or file:// address.
         dest: target file path; parent directories are created.
         sha256: the full hex digest, or a prefix of it (e.g. the 8 characters torch.hub puts in file names
-            such as ``spynet_sintel_final-3d2a1287.pth``).
-        timeout: socket timeout in seconds.
+            such as ``spynet_sintel_final-3d2a1287.pth``); any case.
+        timeout: seconds a connection may stay silent before the download fails (torch.hub sets none: a stalled
+            server would hold rank 0, and every rank waiting for it, until the collective timeout).
 
     Returns:
         The destination path.
@@ -56,30 +59,22 @@ def download_verified(url: str, dest: str | os.PathLike, sha256: str, timeout: f
         raise ValueError('download_verified needs a SHA-256 digest or prefix, got an empty string')
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f'.{dest.name}.', suffix='.part', dir=dest.parent)
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout)  # torch.hub's urlopen takes no timeout; its sockets take this default
     try:
-        digest = hashlib.sha256()
-        try:
-            with os.fdopen(fd, 'wb') as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-                for block in iter(lambda: resp.read(_CHUNK), b''):
-                    digest.update(block)
-                    out.write(block)
-        except (urllib.error.URLError, OSError) as err:
-            raise RuntimeError(
-                f'Could not download {url} to {dest}: {err}. If this machine is offline, fetch the file elsewhere '
-                f'and copy it to {dest}.'
-            ) from err
-        actual = digest.hexdigest()
-        if not actual.startswith(expected):
-            raise RuntimeError(
-                f'Checksum mismatch for {url}: SHA-256 {actual} does not match the expected {expected}; '
-                f'the file was not written to {dest}.'
-            )
-        os.replace(tmp_name, dest)
+        torch.hub.download_url_to_file(url, os.fspath(dest), hash_prefix=expected, progress=False)
+    except RuntimeError as err:
+        if 'invalid hash value' not in str(err):
+            raise
+        raise RuntimeError(f'Checksum mismatch for {url}: {err}; the file was not written to {dest}.') from err
+    except (urllib.error.URLError, OSError) as err:
+        raise RuntimeError(
+            f'Could not download {url} to {dest}: {err}. If this machine is offline, fetch the file elsewhere '
+            f'and copy it to {dest}.'
+        ) from err
     finally:
-        if os.path.exists(tmp_name):
-            os.remove(tmp_name)
-    logger.info('Downloaded %s to %s (sha256 %s)', url, dest, actual)
+        socket.setdefaulttimeout(previous)
+    logger.info('Downloaded %s to %s (sha256 %s)', url, dest, sha256_of(dest))
     return dest
 
 
@@ -97,18 +92,18 @@ def ensure_file(path: str | os.PathLike, url: str, sha256: str) -> Path:
 
 def ensure_file_on_rank0(path: str, url: str, sha256: str) -> str | None:
     """Rank 0 fetches a missing ``path`` (:func:`ensure_file`); every rank then gets the same answer, so all of them
-    go on or all stop (under torchrun, one rank failing alone would leave the others waiting).
+    go on or all stop (:func:`utils.utils_dist.rank0_first`).
 
     Returns:
         ``None`` when the file is there, else the reason it could not be fetched (the same text on every rank).
     """
-    error = None
-    if not os.path.isfile(path) and utils_dist.get_rank() == 0:
-        try:
-            ensure_file(path, url, sha256)
-        except (RuntimeError, ValueError, OSError) as exc:
-            error = str(exc)
-    return utils_dist.broadcast_object(error)
+    try:
+        utils_dist.rank0_first(lambda: None if os.path.isfile(path) else ensure_file(path, url, sha256),
+                               catch=(RuntimeError, ValueError, OSError),
+                               raise_as=lambda _name, text: RuntimeError(text))
+    except (RuntimeError, ValueError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def download_main(argv: list[str] | None, doc: str, *, label: str, url: str, sha256: str, default_out: str,

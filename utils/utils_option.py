@@ -21,6 +21,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from utils import utils_dist
+from utils.utils_fs import atomic_open
 from utils.utils_option_schema import ANY, DATASET_COMMON, OPTIONAL, REQUIRED, SCHEMA, Opt
 
 logger = logging.getLogger(__name__)
@@ -407,10 +408,8 @@ def save(opt: dict[str, Any], argv: list[str] | None = None) -> str:
     while os.path.exists(dest):  # never overwrite an earlier run's copy
         dest, n = f"{stem}_{n}.json", n + 1
     payload = dict(opt, command_line=" ".join(argv if argv is not None else sys.argv))
-    tmp = dest + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(dest, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=2)
-    os.replace(tmp, dest)
     return dest
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from utils.utils_fs import atomic_path
+
 __all__ = ["SUFFIX", "is_safetensors", "read_metadata", "read_state_dict", "write_state_dict"]
 
 SUFFIX = ".safetensors"
@@ -52,17 +54,11 @@ def read_metadata(path: str) -> dict[str, str]:
 
 def write_state_dict(state: dict[str, torch.Tensor], path: str, metadata: dict[str, Any] | None = None) -> None:
     """Write ``state`` (tensors made contiguous, shared storage copied apart) with ``metadata`` (values turned
-    into strings: dicts and lists as JSON) through a temporary file and ``os.replace``."""
+    into strings: dicts and lists as JSON) through a temporary file and ``os.replace``
+    (:func:`utils.utils_fs.atomic_path`)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
     meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()}
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
+    with atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
