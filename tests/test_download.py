@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from models.network_spynet import SPYNET_SHA256_PREFIX
 from scripts.download_spynet import main as download_main
-from utils.utils_download import download_verified, ensure_file, sha256_of
+from utils import utils_dist
+from utils.utils_download import download_verified, ensure_file, ensure_file_on_rank0, sha256_of
 
 
 @pytest.fixture
@@ -80,3 +84,43 @@ def test_script_reports_failure(tmp_path: Path) -> None:
     assert download_main(['--out', str(tmp_path / 's.pth'), '--url', (tmp_path / 'nope').as_uri()]) == 1
     (tmp_path / 's.pth').write_bytes(b'x')
     assert download_main(['--out', str(tmp_path / 's.pth')]) == 0
+
+
+def test_a_silent_server_is_an_error_after_the_timeout(tmp_path: Path) -> None:
+    """torch.hub's urlopen has no timeout; ours bounds a stalled download (rank 0 would hold every rank)."""
+    server = socket.socket()
+    server.bind(('127.0.0.1', 0))
+    server.listen(1)  # the kernel accepts the connection; nothing ever answers
+    url = f'http://127.0.0.1:{server.getsockname()[1]}/weights.bin'
+    outcome: list[str] = []
+
+    def fetch() -> None:
+        try:
+            download_verified(url, tmp_path / 'a.bin', 'abcd', timeout=0.5)
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    thread.join(10)
+    server.close()
+    assert outcome and outcome[0].startswith(f'Could not download {url}'), outcome
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize('rank', [0, 1])
+def test_rank0_fetches_and_every_rank_gets_the_same_error_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               rank: int) -> None:
+    """A rank other than 0 never downloads; it returns the text rank 0 broadcast (here: a missing source)."""
+    url, dest = (tmp_path / 'nope.bin').as_uri(), str(tmp_path / 'out.bin')
+    sent: list[object] = []
+    rank0_error = f'Could not download {url} to {dest}: offline'
+    monkeypatch.setattr(utils_dist, 'get_rank', lambda: rank)
+    monkeypatch.setattr(utils_dist, 'broadcast_object',
+                        lambda obj, src=0: sent.append(obj) or (obj if rank == 0 else ('RuntimeError', rank0_error)))
+    error = ensure_file_on_rank0(dest, url, 'abcd')
+    if rank == 0:
+        assert error is not None and error.startswith(f'Could not download {url}') and sent == [('RuntimeError', error)]
+    else:
+        assert error == rank0_error and sent == [None]
+    assert not os.path.exists(dest)
