@@ -56,13 +56,15 @@ class Scoring:
         specs: from :func:`metric_specs` (empty: nothing is scored).
         device: where the perceptual networks run.
         weights_dir: the folder of the metric weights (None: ``model_zoo/metrics``).
+        fetch: make sure the weight files are there first (a collective: every rank must call it together);
+            ``False`` for a subset of metrics whose files a full set fetched already (any rank alone may build it).
 
     Raises:
         MetricError: a weight file missing offline or with the wrong SHA-256, vmaf without libvmaf (one line).
     """
 
     def __init__(self, specs: Sequence[MetricSpec], device: str | torch.device = "cpu",
-                 weights_dir: str | None = None) -> None:
+                 weights_dir: str | None = None, fetch: bool = True) -> None:
         from utils.metrics.scorer import MetricSuite
         from utils.metrics.weights import ensure_weights
 
@@ -71,7 +73,8 @@ class Scoring:
         self.weights_dir = weights_dir
         self.columns = frame_columns(self.specs)
         self.names = [s.name for s in self.specs]
-        ensure_weights(self.specs, weights_dir)
+        if fetch:  # a collective (rank 0 fetches, every rank learns the outcome)
+            ensure_weights(self.specs, weights_dir)
         self.suite = MetricSuite(self.specs, self.device, weights_dir, verify=VERIFY_WEIGHTS) if self.specs else None
 
         self._no_ref: Scoring | None = self if not any(s.needs_gt for s in self.specs) else None
@@ -80,8 +83,9 @@ class Scoring:
 
     def subset(self, names: Iterable[str]) -> Scoring | None:
         """The same metrics restricted to ``names`` (``None`` when none of them is chosen); its networks load again."""
-        keep = [s for s in self.specs if s.name in set(names)]
-        return Scoring(keep, self.device, self.weights_dir) if keep else None
+        wanted = set(names)
+        keep = [s for s in self.specs if s.name in wanted]
+        return Scoring(keep, self.device, self.weights_dir, fetch=False) if keep else None
 
     def stream_scorer(self, clip: str = "") -> Any:
         """A :class:`utils.metrics.scorer.ClipScorer` of the per-frame metrics (VMAF, scored per clip, left out) for
@@ -139,8 +143,9 @@ class Scoring:
 
 
 def _float(rgb: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) uint8 -> (3, H, W) float in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1).float() / 255
+    """(H, W, 3) uint8 -> (3, H, W) float in [0, 1], contiguous (a channels-last tensor would take other
+    convolution kernels in the metric networks, and their last bits differ from the stream's)."""
+    return (torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1).float() / 255).contiguous()
 
 
 def frame_columns(specs: Sequence[MetricSpec]) -> list[MetricSpec]:

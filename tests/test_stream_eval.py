@@ -1,5 +1,7 @@
 """Streaming evaluation: frame-by-frame restoration equal to the whole-clip path, bounded memory, lazy frame
-sources, segments shared over torchrun processes, resuming a killed run, one-line errors."""
+sources, segments shared over torchrun processes, resuming a killed run, one-line errors. The video runs also score
+LPIPS, tOF, tLP and VMAF: a clip cut into segments (on one or two processes, or resumed after a kill) gives the
+per-frame and per-clip numbers of the uninterrupted run, byte for byte."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from torch import nn
 from data.dataset_video_file import VideoFileTestDataset, read_video, write_video
 from data.dataset_video_test import SingleVideoRecurrentTestDataset, VideoRecurrentTestDataset
 from data.frame_sources import NoisyFrames, add_noise
-from engine import evaluate
+from engine import evaluate, scoring
 from engine.eval_jobs import assign_ranks
 from models import video_stream
 from models.network_baseline import VideoConvBaseline
@@ -30,12 +32,18 @@ from models.network_vrt import VRT
 from models.video_inference import infer_video, tile_starts
 from models.video_stream import Prefetch, TensorFrames, segment_bounds, stream_video
 from tests.support.helpers import ROOT, TINY_OPT, TORCHRUN_ENTRY, assert_ok, base_env, run
+from tests.support.metric_data import make_weights
 from tests.support.video_helpers import audio_packets, moving_frames, write_sine
 from utils.utils_image import imread_rgb, imwrite_rgb
 
 EVAL_ENTRY = os.path.join(ROOT, "tests", "support", "eval_entry.py")
 TESTING = re.compile(r"^Testing (\S+)\s+\(\s*\d+/\d+\) - .*$", re.M)
 AVERAGE = re.compile(r"^-- Average PSNR: .*$", re.M)
+MORE = re.compile(r"^(?:Testing \S+\s+\(\s*\d+/\d+\) \+|-- Average LPIPS:) .*$", re.M)  # the non-KAIR lines
+# the video runs' metrics: KAIR's four, a perceptual one, both temporal ones and VMAF (the 48 x 64 frames are too
+# small for NIQE's 96 x 96 blocks)
+VIDEO_METRICS = ["--metrics", "psnr", "ssim", "psnr_y", "ssim_y", "lpips", "tof", "tlp", "vmaf"]
+UNVERIFIED = {"EVAL_UNVERIFIED_METRIC_WEIGHTS": "1"}  # the generated metric weights (tests/support/eval_entry.py)
 
 
 class MixNet(nn.Module):
@@ -320,19 +328,22 @@ def workspace(tmp_path_factory):
     write_sine(str(tmp / "long.wav"), 23 / 25)
     write_video(str(tmp / "vgt" / "long.avi"), gt, fps=25)
     write_video(str(tmp / "vlq" / "long.avi"), lq, fps=25, audio_from=str(tmp / "long.wav"))
-    return tmp
+    make_weights(str(tmp / "metric_weights"))
+    verify, scoring.VERIFY_WEIGHTS = scoring.VERIFY_WEIGHTS, False  # the in-process runs load them too
+    yield tmp
+    scoring.VERIFY_WEIGHTS = verify
 
 
 def _args(ws, kind: str, save_dir: str, *extra: str) -> list[str]:
     inputs = {"folders": ["--folder_lq", str(ws / "lq"), "--folder_gt", str(ws / "gt")],
               "video": ["--folder_lq", str(ws / "vlq" / "long.avi"), "--folder_gt", str(ws / "vgt" / "long.avi"),
-                        "--save_video"]}[kind]
+                        "--save_video", *VIDEO_METRICS, "--metric_weights", str(ws / "metric_weights")]}[kind]
     return ["--opt", str(ws / "opt.json"), *inputs, "--save_result", "--num_workers", "0", "--save_dir",
             str(ws / save_dir), *extra]
 
 
 def _single(ws, args: list[str], **env: str):
-    return run([sys.executable, EVAL_ENTRY, *args], base_env(**env), str(ws), timeout=240)
+    return run([sys.executable, EVAL_ENTRY, *args], base_env(**UNVERIFIED, **env), str(ws), timeout=240)
 
 
 def _in_process(args: list[str]) -> str:
@@ -356,20 +367,21 @@ def _in_process(args: list[str]) -> str:
 
 def _two(ws, args: list[str], **env: str):
     cmd = [sys.executable, TORCHRUN_ENTRY, "--standalone", "--nproc_per_node=2", EVAL_ENTRY, *args]
-    proc = run(cmd, base_env(**env), str(ws), timeout=240)
+    proc = run(cmd, base_env(**UNVERIFIED, **env), str(ws), timeout=240)
     if proc.returncode != 0 and "timed out connecting" in proc.stderr:
-        proc = run(cmd, base_env(**env), str(ws), timeout=240)  # a gloo rendezvous flake on a loaded machine
+        proc = run(cmd, base_env(**UNVERIFIED, **env), str(ws), timeout=240)  # a gloo rendezvous flake
     return proc
 
 
 def _same_outputs(a, b, clips) -> None:
-    """Every PNG byte for byte, metrics.csv byte for byte."""
+    """Every PNG byte for byte, metrics.csv and clips.csv byte for byte."""
     for clip in clips:
         names = sorted(os.listdir(a / clip))
         assert names and names == sorted(os.listdir(b / clip))
         match, mismatch, errors = filecmp.cmpfiles(a / clip, b / clip, names, shallow=False)
         assert not mismatch and not errors, (clip, mismatch, errors)
-    assert (a / "metrics.csv").read_bytes() == (b / "metrics.csv").read_bytes()
+    for name in ("metrics.csv", "clips.csv"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 def _video_matches_pngs(save_dir) -> None:
@@ -386,7 +398,8 @@ def _video_matches_pngs(save_dir) -> None:
 
 def _markers(save_dir) -> list[dict]:
     state = save_dir / ".eval_state"
-    return [json.loads(p.read_text()) for p in sorted(state.rglob("*.json")) if p.name != "video.json"]
+    return [json.loads(p.read_text()) for p in sorted(state.rglob("*.json"))
+            if p.name not in ("video.json", "vmaf.json")]
 
 
 @pytest.fixture(scope="module")
@@ -432,6 +445,11 @@ def test_long_video_split_over_two_processes_equals_one(workspace, video_referen
         == audio
     assert not list((two_dir / ".eval_state").rglob("*.mkv"))  # parts removed once assembled
     assert TESTING.findall(two.stdout) == ["long"] and len(AVERAGE.findall(two.stdout)) == 1
+    # the temporal metrics look across the segment border: frame 12 (rank 1's first) has them, frame 0 has none
+    rows = list(csv.DictReader(open(two_dir / "metrics.csv")))
+    assert rows[0]["tof"] == rows[0]["tlp"] == "" and all(r["tof"] and r["tlp"] and r["vmaf"] for r in rows[1:])
+    assert MORE.findall(two.stdout) == MORE.findall(video_reference) and len(MORE.findall(two.stdout)) == 2
+    assert not list((two_dir / ".eval_state").rglob("*.y"))  # VMAF's luma spools removed once the clip is scored
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(workspace, video_reference, caplog, monkeypatch) -> None:
@@ -450,6 +468,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(workspace, video_referen
     assert [m.group(0) for m in TESTING.finditer(resumed.stdout)] == \
         [m.group(0) for m in TESTING.finditer(video_reference)]
     assert AVERAGE.findall(resumed.stdout) == AVERAGE.findall(video_reference)
+    assert MORE.findall(resumed.stdout) == MORE.findall(video_reference)
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("VRT_DEVICE", "cpu")
