@@ -15,6 +15,8 @@ from utils.metrics import weights as W
 from utils.metrics.perceptual import DISTS, LPIPS
 from utils.metrics.scorer import MetricSuite
 
+# the reference packages call torchvision with deprecated arguments
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 lpips_pkg = pytest.importorskip("lpips")
 dists_pkg = pytest.importorskip("DISTS_pytorch.DISTS_pt")
 
