@@ -155,9 +155,13 @@ VGG19_SHA256_PREFIX = "dcbb9e9d"
 
 
 class VGGFeatureExtractor(nn.Module):
-    """torchvision's VGG19 ``features`` (same modules and state-dict names, built without the classifier),
-    truncated after the deepest requested layer, returning the outputs of the requested layers (before their
-    ReLU for convolution indices, as KAIR and BasicSR).
+    """torchvision's VGG19 ``features`` (``torchvision.models.vgg19``: the same modules and state-dict names; its
+    classifier is never materialised), truncated after the deepest requested layer, returning the outputs of the
+    requested layers (before their ReLU for convolution indices, as KAIR and BasicSR) through
+    ``torchvision.models.feature_extraction.create_feature_extractor``.
+
+    Until :meth:`load_vgg19` the convolutions hold ``nn.Conv2d``'s default initialisation, drawn in order from the
+    global generator for all 16 of VGG19 (the truncated ones too), as ``torchvision.models.vgg.make_layers`` does.
 
     Args:
         layers: indices into ``vgg19().features`` (e.g. 2, 7, 16, 25, 34 = conv1_2, conv2_2, conv3_4, conv4_4,
@@ -168,18 +172,27 @@ class VGGFeatureExtractor(nn.Module):
 
     def __init__(self, layers: Sequence[int], use_input_norm: bool = True, use_range_norm: bool = False) -> None:
         super().__init__()
-        from torchvision.models.vgg import cfgs, make_layers
+        from torchvision.models import vgg19
+        from torchvision.models.feature_extraction import create_feature_extractor
 
-        full = make_layers(cfgs["E"], batch_norm=False)  # VGG19
+        with torch.device("meta"):  # no 400 MB classifier, no initialisation that is overwritten anyway
+            full = vgg19(weights=None).features
         bad = [i for i in layers if not 0 <= int(i) < len(full)]
         if bad or not layers:
             raise ValueError(f"train.F_feature_layer must be indices 0..{len(full) - 1} of VGG19's features, got "
                              f"{list(layers)}")
-        self.layers = sorted({int(i) for i in layers})
-        self.features = nn.Sequential(*list(full.children())[: self.layers[-1] + 1])
-        for module in self.features:
-            if isinstance(module, nn.ReLU):
+        full = full.to_empty(device="cpu")
+        for module in full:
+            if isinstance(module, nn.Conv2d):
+                module.reset_parameters()
+            elif isinstance(module, nn.ReLU):
                 module.inplace = False  # a kept pre-activation output must not be overwritten by the next ReLU
+        self.layers = sorted({int(i) for i in layers})
+        self.features = full[: self.layers[-1] + 1]
+        # the graph calls the modules of self.features (shared, not copied), so .to() and load_state_dict reach it;
+        # kept out of the registered children so the state dict stays torchvision's ``features.*`` names
+        object.__setattr__(self, "_extract", create_feature_extractor(
+            self.features, return_nodes={str(i): str(i) for i in self.layers}))
         self.use_input_norm, self.use_range_norm = use_input_norm, use_range_norm
         self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1), persistent=False)
@@ -217,12 +230,8 @@ class VGGFeatureExtractor(nn.Module):
             x = (x + 1.0) / 2.0
         if self.use_input_norm:
             x = (x - self.mean) / self.std
-        outputs = []
-        for index, module in enumerate(self.features):
-            x = module(x)
-            if index in self.layers:
-                outputs.append(x)
-        return outputs
+        outputs = self._extract(x)
+        return [outputs[str(i)] for i in self.layers]
 
 
 class PerceptualLoss(nn.Module):
