@@ -15,6 +15,7 @@ from utils.metrics import MetricError, resolve
 from utils.metrics.niqe import niqe_rgb
 from utils.metrics.scorer import MetricSuite
 
+pytest.importorskip("skimage")  # the sample photographs (requirements-dev.txt)
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
 REF = json.load(open(os.path.join(FIXTURES, "reference_metrics.json")))
 

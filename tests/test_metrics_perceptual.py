@@ -19,6 +19,7 @@ from utils.metrics.scorer import MetricSuite
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 lpips_pkg = pytest.importorskip("lpips")
 dists_pkg = pytest.importorskip("DISTS_pytorch.DISTS_pt")
+pytest.importorskip("skimage")
 
 
 @pytest.fixture(scope="module")

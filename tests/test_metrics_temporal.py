@@ -15,6 +15,7 @@ from utils.metrics import MetricError, resolve
 from utils.metrics.scorer import MetricSuite
 from utils.utils_image import frame_metrics
 
+pytest.importorskip("skimage")  # the sample photographs (requirements-dev.txt)
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
 REF = json.load(open(os.path.join(FIXTURES, "reference_metrics.json")))
 
@@ -36,10 +37,12 @@ def test_tof_tlp_equal_tecogan(clip, suite, one_thread):
     scorer = suite.scorer("pan")
     rows = scorer.update(out, gt, 0)
     assert "tof" not in rows[0] and "tlp" not in rows[0]  # frame 0 has no previous frame
+    # 3e-8 apart here; the room is for OpenCV's and oneDNN's SIMD paths on other CPUs (the deliberate breaks move
+    # values by 9-30%)
     for t, want in REF["tof"].items():
-        assert rows[int(t)]["tof"] == pytest.approx(want, rel=1e-5), t
+        assert rows[int(t)]["tof"] == pytest.approx(want, rel=1e-3), t
     for t, want in REF["tlp"].items():
-        assert rows[int(t)]["tlp"] == pytest.approx(want, rel=1e-5), t
+        assert rows[int(t)]["tlp"] == pytest.approx(want, rel=1e-4), t
     assert [r["psnr"] for r in rows] == [frame_metrics(o, g)["psnr"] for o, g in zip(out, gt)]  # KAIR's, unchanged
     clip_mean = scorer.finish()
     assert clip_mean["tof"] == pytest.approx(np.mean([r["tof"] for r in rows[1:]]))

@@ -20,6 +20,7 @@ from utils.metrics.niqe import rgb_to_y
 from utils.metrics.scorer import MetricSuite
 
 pytest.importorskip("imageio_ffmpeg")
+pytest.importorskip("skimage")  # the sample photographs (requirements-dev.txt)
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
 
 
