@@ -1,5 +1,5 @@
-"""ModelBase: the interface the training and evaluation flows use, plus device placement, DDP wrapping, EMA,
-checkpoint I/O and LR scheduling.
+"""ModelBase: the interface the training and evaluation flows use, and the trainable units it runs: device
+placement, DDP wrapping, EMA, LR scheduling, checkpoint I/O, pretrained loading and resuming, once for every unit.
 
 The flows call exactly: ``init_train()``, ``load_pretrained()`` or ``resume(step)``, then per step
 ``update_learning_rate(step)`` and ``train_step(batches, step)``, ``current_log()``, ``current_learning_rate()``,
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import copy
 import inspect
 import logging
 import os
@@ -25,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from models.lr_scheduler import ClosedFormLR
 from models.select_network import define_G
+from models.trainable_unit import TrainableUnit
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist
 from utils.utils_dist import DistInfo
@@ -44,9 +44,24 @@ def evaluating(net: nn.Module) -> Iterator[nn.Module]:
 
 
 class ModelBase(abc.ABC):
-    """Holds the generator ``net_g`` (the bare network: saved, loaded, evaluated), ``net_g_train`` (what the
-    training forward goes through: the DDP and/or ``torch.compile`` wrapper, or ``net_g`` itself) and the EMA copy
-    ``net_e``.
+    """Holds the trainable units by label (:class:`models.trainable_unit.TrainableUnit`): G, declared here, with
+    its EMA copy; a subclass declares the networks that train beside it with :meth:`add_unit` and writes only its
+    step and its losses. ``net_g``, ``net_g_train``, ``net_e``, ``optimizer`` and ``scheduler`` are G's.
+
+    A network that trains beside G is one declaration. A flow teacher, say: its option keys ``train.T_*`` (declared
+    in ``utils/utils_option_schema.py``; null takes G's value) and ``path.pretrained_netT`` /
+    ``pretrained_optimizerT``; its files ``{step}_T.pth`` and ``{step}_optimizerT.pth``::
+
+        class ModelFlowDistill(ModelVRT):
+            def __init__(self, opt, dist_info):
+                super().__init__(opt, dist_info)
+                self.add_unit(TrainableUnit("T", define_flow(opt).to(self.device), "flow teacher"))
+
+            def train_step(self, batches, step):
+                ...  # forwards through self.units["T"].train_net and self.net_g_train, one backward
+                self.step_units([self.units["G"], self.units["T"]])
+
+    Its optimizer, schedule, DDP wrapper, LR setting, files, pretrained loading and resume then follow.
 
     Args:
         opt: parsed options (read-only).
@@ -59,17 +74,47 @@ class ModelBase(abc.ABC):
         self.device = dist_info.device
         self.train_opt: dict[str, Any] = opt.get("train", {})
         self.models_dir: str = opt["path"]["models"]
-        self.net_g: nn.Module = define_G(opt).to(self.device)
-        self.net_g_train: nn.Module = self.net_g
-        self.net_e: nn.Module | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: ClosedFormLR | None = None
+        self.units: dict[str, TrainableUnit] = {}
+        t = self.train_opt
+        self.add_unit(TrainableUnit("G", define_G(opt).to(self.device), "generator", inherit=None,
+                                    compile=t["compile"], clipgrad=t["G_optimizer_clipgrad"], ema_label="E",
+                                    ema_decay=t["E_decay"]))
+        self.scaler: torch.amp.GradScaler | None = None  # one for every unit (fp16)
         self.log_dict: dict[str, float] = {}
+
+    def add_unit(self, unit: TrainableUnit) -> TrainableUnit:
+        """Declare a network that trains (built, wrapped, scheduled, saved, loaded and resumed with the others)."""
+        self.units[unit.label] = unit
+        return unit
+
+    # ----- G's parts under their usual names (the flows read net_g)
+    @property
+    def net_g(self) -> nn.Module:
+        """The bare generator: saved, loaded, evaluated."""
+        return self.units["G"].net
+
+    @property
+    def net_g_train(self) -> nn.Module:
+        """What G's training forward goes through (DDP and/or ``torch.compile``, or ``net_g``)."""
+        return self.units["G"].train_net
+
+    @property
+    def net_e(self) -> nn.Module | None:
+        """G's EMA copy (None without EMA)."""
+        return self.units["G"].ema
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self.units["G"].optimizer
+
+    @property
+    def scheduler(self) -> ClosedFormLR | None:
+        return self.units["G"].scheduler
 
     # ----- the interface the flows use
     @abc.abstractmethod
     def init_train(self) -> None:
-        """Build loss, optimizer and scheduler, and wrap for DDP."""
+        """Build the losses, then every unit's optimizer and scheduler (:meth:`init_units`)."""
 
     @abc.abstractmethod
     def train_step(self, batches: Sequence[dict[str, Any]], step: int) -> None:
@@ -95,161 +140,171 @@ class ModelBase(abc.ABC):
         """The numbers of the last step (``{'G_loss': ...}``), this rank's."""
         return dict(self.log_dict)
 
-    # ----- devices and wrapping
-    def wrap(self) -> None:
-        """(Re-)wrap ``net_g`` in DDP under a process group; the bare network otherwise. No DataParallel."""
-        net = self.net_g
-        if self.opt["sync_bn"] and self.dist.distributed:
-            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
-            self.net_g = net
-        if self.train_opt["compile"]:
-            net = torch.compile(net)
-        if self.dist.distributed:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            # DDP re-sends every buffer from rank 0 before each forward by default (~41 MB of constant int64 index
-            # tables for VRT 001); only running statistics (BatchNorm) change in training and need it. Buffers are
-            # still synchronised once at wrapping (forward_sync_buffers; broadcast_buffers in older torch).
-            running_stats = any(getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None)
-                                is not None for m in self.net_g.modules())
-            ddp_args = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
-            sync = "forward_sync_buffers" if "forward_sync_buffers" in ddp_args else "broadcast_buffers"
-            net = DistributedDataParallel(net, device_ids=device_ids,
-                                          find_unused_parameters=self.opt["find_unused_parameters"],
-                                          **{sync: running_stats})
-        self.net_g_train = net
+    # ----- set-up and wrapping
+    def param_groups(self, unit: TrainableUnit) -> list[dict[str, Any]]:
+        """Parameter groups of ``unit``'s optimizer (one group of its trainable parameters here)."""
+        return [{"params": [p for p in unit.net.parameters() if p.requires_grad]}]
+
+    def init_units(self) -> None:
+        """Every unit in train mode with its EMA copy, optimizer and schedule, then wrapped for training."""
+        for unit in self.units.values():
+            unit.build(self.param_groups(unit), self.train_opt)
+        self.wrap()
+
+    def wrap(self, *labels: str) -> None:
+        """(Re-)wrap the units ``labels`` (default: all): ``torch.compile`` where the unit asks, DDP under a process
+        group, the bare network otherwise. No DataParallel."""
+        for label in labels or tuple(self.units):
+            unit = self.units[label]
+            if self.opt["sync_bn"] and self.dist.distributed:
+                unit.net = nn.SyncBatchNorm.convert_sync_batchnorm(unit.net)
+            net = torch.compile(unit.net) if unit.compile else unit.net
+            if self.dist.distributed:
+                device_ids = [self.device.index] if self.device.type == "cuda" else None
+                # DDP re-sends every buffer from rank 0 before each forward by default (~41 MB of constant int64
+                # index tables for VRT 001; D's spectral-norm vectors, which evolve identically on every rank); only
+                # running statistics (BatchNorm) change in training and need it. Buffers are still synchronised once
+                # at wrapping (forward_sync_buffers; broadcast_buffers in older torch).
+                running_stats = any(getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None)
+                                    is not None for m in unit.net.modules())
+                ddp_args = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+                sync = "forward_sync_buffers" if "forward_sync_buffers" in ddp_args else "broadcast_buffers"
+                net = DistributedDataParallel(net, device_ids=device_ids,
+                                              find_unused_parameters=self.opt["find_unused_parameters"],
+                                              **{sync: running_stats})
+            unit.train_net = net
 
     def eval_network(self) -> nn.Module:
         """The network used for inference: EMA when ``E_decay > 0``, else the bare generator."""
         return self.net_e if self.net_e is not None else self.net_g
 
-    # ----- EMA
-    def define_ema(self) -> None:
-        if self.train_opt["E_decay"] > 0:
-            self.net_e = copy.deepcopy(self.net_g).eval().requires_grad_(False)
+    # ----- updates and learning rate
+    def step_units(self, units: Sequence[TrainableUnit]) -> None:
+        """Update ``units`` (each clipped as it asks), then the GradScaler once, then every EMA copy (every step,
+        as KAIR, whether or not its network was updated)."""
+        for unit in units:
+            unit.update(self.scaler)
+        if self.scaler is not None and units:
+            self.scaler.update()
+        for unit in self.units.values():
+            unit.update_ema()
 
-    @torch.no_grad()
     def update_E(self, decay: float) -> None:
-        """``E = decay * E + (1 - decay) * G`` over parameters; buffers are copied.
+        """``E = decay * E + (1 - decay) * G`` (see :meth:`TrainableUnit.update_ema`)."""
+        self.units["G"].update_ema(decay)
 
-        One multi-tensor kernel per dtype group instead of one launch per tensor (VRT has about 1,500 parameter
-        tensors); the values are those of ``lerp_``/``copy_`` tensor by tensor.
-        """
-        if self.net_e is None:
-            return
-        params_e, params_g = list(self.net_e.parameters()), [p.detach() for p in self.net_g.parameters()]
-        if params_e:
-            torch._foreach_lerp_(params_e, params_g, 1.0 - decay)
-        buffers_e, buffers_g = list(self.net_e.buffers()), list(self.net_g.buffers())
-        if buffers_e:
-            torch._foreach_copy_(buffers_e, buffers_g)
-
-    # ----- learning rate
     def update_learning_rate(self, step: int) -> None:
-        """Set the LR of step ``step`` (closed form), before its update."""
-        if self.scheduler is not None:
-            self.scheduler.set_step(step)
+        """Set every unit's LR of step ``step`` (closed form), before its update."""
+        for unit in self.units.values():
+            if unit.scheduler is not None:
+                unit.scheduler.set_step(step)
 
     def current_learning_rate(self) -> float:
-        """LR of parameter group 0 (as KAIR logs it)."""
+        """LR of G's parameter group 0 (as KAIR logs it)."""
         return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+
+    def scaler_state(self) -> dict[str, Any] | None:
+        return self.scaler.state_dict() if self.scaler is not None else None
 
     # ----- checkpoints
     def _path(self, step: int, label: str) -> str:
         return os.path.join(self.models_dir, f"{step}_{label}.pth")
 
     def save(self, step: int, train_state: dict[str, Any]) -> None:
-        """Write ``{step}_G/E/optimizerG.pth`` and then ``{step}_state.pth`` (rank 0), then a barrier.
+        """Write every unit's files (``{step}_G/E/optimizerG.pth``, ``{step}_D/optimizerD.pth``, ...) and then
+        ``{step}_state.pth`` (rank 0), then a barrier.
 
         Args:
             step: the completed optimisation step.
-            train_state: loop state (epoch, sampler position, RNG of every rank, best metric); the scheduler and
-                scaler states are added here.
+            train_state: loop state (epoch, sampler position, RNG of every rank, best metric); G's schedule and the
+                scaler state are added here.
         """
         self._write_checkpoint(step, train_state)
         utils_dist.barrier()
 
     @utils_dist.master_only
     def _write_checkpoint(self, step: int, train_state: dict[str, Any]) -> None:
-        to_cpu = {k: v.detach().cpu() for k, v in self.net_g.state_dict().items()}
-        ckpt.atomic_save({"params": to_cpu}, self._path(step, "G"))
-        if self.net_e is not None:
-            ema = {k: v.detach().cpu() for k, v in self.net_e.state_dict().items()}
-            ckpt.atomic_save({"params_ema": ema}, self._path(step, "E"))
-        if self.optimizer is not None:
-            ckpt.atomic_save(self.optimizer.state_dict(), self._path(step, "optimizerG"))
+        for unit in self.units.values():
+            for label, obj in unit.checkpoint_files():
+                ckpt.atomic_save(obj, self._path(step, label))
+        # every LR is the closed form of the step (resume sets it from `step`); G's schedule stays in the file
         state = dict(train_state, step=step, scheduler=self.scheduler.state_dict() if self.scheduler else None,
                      scaler=self.scaler_state())
         ckpt.atomic_save(state, self._path(step, "state"))
         logger.info("Saving the model. Step %d -> %s", step, self.models_dir)
 
-    def scaler_state(self) -> dict[str, Any] | None:
-        return None
-
-    def load_scaler_state(self, state: dict[str, Any] | None) -> None:
-        del state
-
     def load_pretrained(self) -> None:
-        """Load ``path.pretrained_netG``/``pretrained_netE``/``pretrained_optimizerG`` (used only when there is
-        nothing to resume; the optimizer state only with ``train.G_optimizer_reuse``)."""
-        paths = self.opt["path"]
-        for key in ("pretrained_netG", "pretrained_netE", "pretrained_optimizerG"):
-            path = paths.get(key)
-            if path and not os.path.isfile(path):
-                raise ckpt.CheckpointError(f"path.{key} = {path!r} does not exist; point it at a .pth file "
-                                           "(e.g. a released model in model_zoo/) or set it to null")
-        if paths.get("pretrained_netG"):
-            logger.info("Loading pretrained netG [%s]", paths["pretrained_netG"])
-            ckpt.load_network(self.net_g, paths["pretrained_netG"], "params", strict=self.train_opt["G_param_strict"])
-        if self.net_e is not None:
-            if paths.get("pretrained_netE"):
-                logger.info("Loading pretrained netE [%s]", paths["pretrained_netE"])
-                ckpt.load_network(self.net_e, paths["pretrained_netE"], "params_ema",
-                                  strict=self.train_opt["E_param_strict"])
-            else:
-                self.update_E(0.0)
-        if paths.get("pretrained_optimizerG") and self.optimizer is not None:
-            if not self.train_opt["G_optimizer_reuse"]:
-                logger.warning("path.pretrained_optimizerG is set but train.G_optimizer_reuse is false: the optimizer "
-                               "starts afresh")
-            else:
-                logger.info("Loading pretrained optimizerG [%s]", paths["pretrained_optimizerG"])
-                self._load_optimizer(paths["pretrained_optimizerG"])
-
-    def _load_optimizer(self, path: str) -> None:
-        """Moments from ``path``; hyper-parameters from the option file (the user may have changed them)."""
-        keep = ("initial_lr", "betas", "weight_decay", "eps")
-        fresh = [{k: g[k] for k in keep if k in g} for g in self.optimizer.param_groups]
-        state = ckpt.safe_load(path, map_location=self.device)
-        if len(state.get("param_groups", [])) != len(self.optimizer.param_groups):
-            raise ckpt.CheckpointError(f"{path} holds {len(state.get('param_groups', []))} parameter group(s), the "
-                                       f"optimizer has {len(self.optimizer.param_groups)} (another fix_lr_mul / "
-                                       "fix_keys setting?)")
-        self.optimizer.load_state_dict(state)
-        for group, values in zip(self.optimizer.param_groups, fresh):
-            group.update(values)
+        """Every unit's ``path.pretrained_net<L>``, its EMA copy's ``pretrained_netE`` (else a copy of G) and
+        ``path.pretrained_optimizer<L>`` (with ``train.<L>_optimizer_reuse``). Used only when there is nothing to
+        resume; every named file is checked before anything loads."""
+        paths, t = self.opt["path"], self.train_opt
+        for unit in self.units.values():
+            ema = [f"pretrained_net{unit.ema_label}"] if unit.ema_label else []
+            for key in (f"pretrained_net{unit.label}", *ema, f"pretrained_optimizer{unit.label}"):
+                path = paths.get(key)
+                if path and not os.path.isfile(path):
+                    raise ckpt.CheckpointError(f"path.{key} = {path!r} does not exist; point it at a .pth file "
+                                               "(e.g. a released model in model_zoo/) or set it to null")
+        for unit in self.units.values():
+            path = paths.get(f"pretrained_net{unit.label}")
+            if path:
+                logger.info("Loading pretrained net%s [%s]", unit.label, path)
+                ckpt.load_network(unit.net, path, "params", strict=unit.option(t, "param_strict"))
+            if unit.ema is not None:
+                path = paths.get(f"pretrained_net{unit.ema_label}")
+                if path:
+                    logger.info("Loading pretrained net%s [%s]", unit.ema_label, path)
+                    ckpt.load_network(unit.ema, path, "params_ema", strict=t[f"{unit.ema_label}_param_strict"])
+                else:
+                    unit.update_ema(0.0)
+            path = paths.get(f"pretrained_optimizer{unit.label}")
+            if path and unit.optimizer is not None:
+                if not unit.option(t, "optimizer_reuse"):
+                    logger.warning("path.pretrained_optimizer%s is set but train.%s_optimizer_reuse is false: the "
+                                   "%s's optimizer starts afresh", unit.label, unit.label, unit.name)
+                else:
+                    logger.info("Loading pretrained optimizer%s [%s]", unit.label, path)
+                    unit.load_optimizer(path, self.device)
 
     def resume(self, step: int) -> dict[str, Any]:
-        """Restore weights, EMA, optimizer, scheduler and scaler of complete step ``step``.
+        """Restore every unit's network, EMA copy and optimizer (with ``train.<L>_optimizer_reuse``) of complete step
+        ``step``, every LR at ``step``, and the scaler.
 
         Returns:
             The saved loop state (epoch, sampler position, RNG states, best metric).
+
+        Raises:
+            CheckpointError: a unit's file is missing (a step saved by another model, or an incomplete one).
         """
-        ckpt.load_network(self.net_g, self._path(step, "G"), "params", strict=True)
-        if self.net_e is not None:
-            path_e = self._path(step, "E")
-            if os.path.isfile(path_e):
-                ckpt.load_network(self.net_e, path_e, "params_ema", strict=True)
-            else:
-                self.update_E(0.0)
-        opt_path = self._path(step, "optimizerG")
-        if self.optimizer is not None and self.train_opt["G_optimizer_reuse"]:
-            if not os.path.isfile(opt_path):  # a fresh optimizer would silently break the exact resume
-                raise ckpt.CheckpointError(f"{opt_path} is missing: step {step} of {self.models_dir} is incomplete; "
-                                           "restore the file, resume from another step, or set "
-                                           "train.G_optimizer_reuse false to restart the optimizer")
-            self._load_optimizer(opt_path)
+        t = self.train_opt
+        for unit in self.units.values():
+            path = self._path(step, unit.label)
+            if not os.path.isfile(path):
+                raise ckpt.CheckpointError(f"{path} is missing: step {step} of {self.models_dir} was not saved by "
+                                           f"model '{self.opt.get('model')}' (no {unit.name}); start this stage as a "
+                                           "new task with path.pretrained_netG")
+            ckpt.load_network(unit.net, path, "params", strict=True)
+            if unit.ema is not None:
+                path = self._path(step, unit.ema_label)
+                if os.path.isfile(path):
+                    ckpt.load_network(unit.ema, path, "params_ema", strict=True)
+                else:
+                    unit.update_ema(0.0)
+            if unit.optimizer is None:
+                continue
+            path = self._path(step, f"optimizer{unit.label}")
+            if unit.option(t, "optimizer_reuse"):
+                if not os.path.isfile(path):  # a fresh optimizer would silently break the exact resume
+                    raise ckpt.CheckpointError(f"{path} is missing: step {step} of {self.models_dir} is incomplete; "
+                                               "restore the file, resume from another step, or set "
+                                               f"train.{unit.label}_optimizer_reuse false to restart the "
+                                               f"{unit.name}'s optimizer")
+                unit.load_optimizer(path, self.device)
+            elif unit.label != "G":  # G's is among the reasons the loop logs (engine.resume.inexact_resume_reasons)
+                logger.warning("Resume from step %d is not bit-exact: train.%s_optimizer_reuse is false, so the %s's "
+                               "optimizer state starts afresh (KAIR's meaning)", step, unit.label, unit.name)
+        self.update_learning_rate(step)
         state = ckpt.safe_load(self._path(step, "state"))
-        if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.set_step(int(state["scheduler"]["step"]))
-        self.load_scaler_state(state.get("scaler"))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         return state

@@ -8,10 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from models.loss import define_loss
-from models.lr_scheduler import ClosedFormLR
 from models.model_base import ModelBase, evaluating
 from utils import utils_checkpoint as ckpt
 from utils import utils_dist
@@ -19,8 +17,6 @@ from utils.utils_dist import DistInfo
 from utils.utils_numerics import AMP_DTYPES
 
 logger = logging.getLogger(__name__)
-
-OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
 class NonFiniteLossError(RuntimeError):
@@ -33,43 +29,14 @@ class ModelPlain(ModelBase):
     def __init__(self, opt: dict[str, Any], dist_info: DistInfo) -> None:
         super().__init__(opt, dist_info)
         self.amp_dtype = AMP_DTYPES[self.train_opt["amp"]]
-        self.scaler: torch.amp.GradScaler | None = None
 
     # ----- set-up
     def init_train(self) -> None:
-        self.net_g.train()
-        self.define_ema()
         self.lossfn = define_loss(self.train_opt).to(self.device)
         self.lossfn_weight = float(self.train_opt["G_lossfn_weight"])
-        self.define_optimizer()
-        self.define_scheduler()
         if self.amp_dtype is torch.float16:
             self.scaler = torch.amp.GradScaler(self.device.type)
-        self.wrap()
-
-    def param_groups(self) -> list[dict[str, Any]]:
-        """Parameter groups for the optimizer (one group of trainable parameters here)."""
-        return [{"params": [p for p in self.net_g.parameters() if p.requires_grad]}]
-
-    def define_optimizer(self) -> None:
-        t = self.train_opt
-        cls = OPTIMIZERS[t["G_optimizer_type"]]
-        self.optimizer = cls(self.param_groups(), lr=t["G_optimizer_lr"], betas=tuple(t["G_optimizer_betas"]),
-                             weight_decay=t["G_optimizer_wd"])
-
-    def define_scheduler(self) -> None:
-        t = self.train_opt
-        self.scheduler = ClosedFormLR(self.optimizer, t["G_scheduler_type"], periods=t["G_scheduler_periods"],
-                                      restart_weights=t["G_scheduler_restart_weights"],
-                                      eta_min=t["G_scheduler_eta_min"], milestones=t["G_scheduler_milestones"],
-                                      gamma=t["G_scheduler_gamma"])
-
-    def scaler_state(self) -> dict[str, Any] | None:
-        return self.scaler.state_dict() if self.scaler is not None else None
-
-    def load_scaler_state(self, state: dict[str, Any] | None) -> None:
-        if self.scaler is not None and state:
-            self.scaler.load_state_dict(state)
+        self.init_units()
 
     # ----- training
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -77,27 +44,26 @@ class ModelPlain(ModelBase):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        if not last and hasattr(self.net_g_train, "no_sync"):
-            return self.net_g_train.no_sync()
-        return contextlib.nullcontext()
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled under fp16."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def train_step(self, batches: Sequence[dict[str, Any]], step: int) -> None:
         """Forward/backward each micro-batch (gradients synchronised on the last one only), then one update."""
-        self.optimizer.zero_grad(set_to_none=True)
+        g = self.units["G"]
+        g.optimizer.zero_grad(set_to_none=True)
         losses = []
         for i, data in enumerate(batches):
             lq = data["L"].to(self.device, non_blocking=True)
             gt = data["H"].to(self.device, non_blocking=True)
-            with self._no_sync(last=i == len(batches) - 1):
+            with g.no_sync(last=i == len(batches) - 1):
                 with self.autocast():
-                    out = self.net_g_train(lq)
+                    out = g.train_net(lq)
                     loss = self.lossfn_weight * self.lossfn(out.float(), gt.float())
-                scaled = loss / len(batches)
-                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                self.backward(loss / len(batches))
             losses.append(loss.detach())
         self.log_dict["G_loss"] = self.check_finite(torch.stack(losses), step)
-        self.optimizer_step()
+        self.step_units([g])
 
     def check_finite(self, losses: torch.Tensor, step: int) -> float:
         """Stop every rank, before the update, when any rank's loss is NaN or infinite; returns this rank's mean
@@ -117,22 +83,6 @@ class ModelPlain(ModelBase):
                                      f"{step}; the last complete checkpoint is {where} and is left untouched; lower "
                                      "train.G_optimizer_lr, set train.G_optimizer_clipgrad, or use train.amp=none")
         return value
-
-    def optimizer_step(self) -> None:
-        clip = self.train_opt["G_optimizer_clipgrad"]
-        if self.scaler is not None:
-            if clip and clip > 0:
-                self.scaler.unscale_(self.optimizer)
-                nn.utils.clip_grad_norm_(self.net_g.parameters(), clip)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            if clip and clip > 0:
-                nn.utils.clip_grad_norm_(self.net_g.parameters(), clip)
-            self.optimizer.step()
-        decay = self.train_opt["E_decay"]
-        if decay > 0:
-            self.update_E(decay)
 
     # ----- inference
     def infer(self, lq: torch.Tensor) -> torch.Tensor:

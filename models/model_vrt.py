@@ -21,6 +21,7 @@ import torch
 from models.model_base import evaluating
 from models.model_plain import ModelPlain
 from models.net_io import net_io
+from models.trainable_unit import TrainableUnit
 from models.video_inference import infer_video, io_tiling
 
 logger = logging.getLogger(__name__)
@@ -40,9 +41,11 @@ class ModelVRT(ModelPlain):
     def _is_fixed(self, name: str) -> bool:
         return any(key in name for key in self.fix_keys)
 
-    def param_groups(self) -> list[dict[str, Any]]:
-        """``[normal, fixed]`` groups (KAIR's order) when ``fix_iter`` is set and ``fix_lr_mul != 1``."""
-        named = list(self.net_g.named_parameters())
+    def param_groups(self, unit: TrainableUnit) -> list[dict[str, Any]]:
+        """G's ``[normal, fixed]`` groups (KAIR's order) when ``fix_iter`` is set and ``fix_lr_mul != 1``."""
+        if unit.label != "G":
+            return super().param_groups(unit)
+        named = list(unit.net.named_parameters())
         if not (self.fix_iter and self.fix_keys) or self.fix_lr_mul == 1:
             return [{"params": [p for _, p in named]}]
         lr = self.train_opt["G_optimizer_lr"]
@@ -53,7 +56,7 @@ class ModelVRT(ModelPlain):
     def set_phase(self, step: int) -> None:
         """Freeze ``fix_keys`` parameters for steps ``< fix_iter`` and unfreeze them at ``fix_iter``.
 
-        Called before every step (and after a resume); re-wraps DDP when the trainable set changes.
+        Called before every step (and after a resume); re-wraps G's DDP when its trainable set changes.
         """
         want_frozen = bool(self.fix_keys) and self.fix_iter > 0 and step < self.fix_iter
         if want_frozen == self.frozen:
@@ -65,7 +68,7 @@ class ModelVRT(ModelPlain):
         self.frozen = want_frozen
         verb = "Freeze" if want_frozen else "Unfreeze"
         logger.info("%s %d parameters matching %s at step %d", verb, len(names), self.fix_keys, step)
-        self.wrap()
+        self.wrap("G")
 
     def train_step(self, batches: Sequence[dict[str, Any]], step: int) -> None:
         self.set_phase(step)

@@ -238,15 +238,16 @@ def test_checkpoint_holds_d_and_its_optimizer_and_resume_continues_exactly(tmp_p
     assert files == ["2_D.pth", "2_E.pth", "2_G.pth", "2_optimizerD.pth", "2_optimizerG.pth", "2_state.pth"]
     saved_d = ckpt.safe_load(os.path.join(models, "2_D.pth"))["params"]
     assert "conv1.parametrizations.weight.0._u" in saved_d  # the power-iteration state travels with D
-    assert ckpt.safe_load(os.path.join(models, "2_state.pth"))["scheduler_D"]["step"] == 2
-    assert model.optimizer_d.param_groups[0]["lr"] == pytest.approx(0.5e-4)
+    assert "scheduler_D" not in ckpt.safe_load(os.path.join(models, "2_state.pth"))  # D's LR: the closed form
+    assert model.units["D"].optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-4)
 
     resumed = ModelGAN(_opt(tmp_path, D_scheduler_type="MultiStepLR", D_scheduler_milestones=[2],
                             D_scheduler_gamma=0.5), CPU)
     resumed.init_train()
     resumed.resume(2)
-    assert resumed.optimizer_d.param_groups[0]["lr"] == pytest.approx(0.5e-4)
-    assert resumed.optimizer_d.state_dict()["state"].keys() == model.optimizer_d.state_dict()["state"].keys()
+    assert resumed.units["D"].optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-4)
+    assert resumed.units["D"].optimizer.state_dict()["state"].keys() == \
+        model.units["D"].optimizer.state_dict()["state"].keys()
     torch.manual_seed(5)
     _step(model, 3)
     torch.manual_seed(5)
@@ -258,10 +259,12 @@ def test_checkpoint_holds_d_and_its_optimizer_and_resume_continues_exactly(tmp_p
     os.remove(os.path.join(models, "2_optimizerD.pth"))  # with D_optimizer_reuse: an error, not a fresh optimizer
     with pytest.raises(ckpt.CheckpointError, match="2_optimizerD.pth is missing: step 2 .* is incomplete"):
         resumed.resume(2)
-    no_reuse = ModelGAN(_opt(tmp_path, D_optimizer_reuse=False), CPU)
+    no_reuse = ModelGAN(_opt(tmp_path, D_optimizer_reuse=False, D_scheduler_type="MultiStepLR",
+                             D_scheduler_milestones=[2], D_scheduler_gamma=0.5), CPU)
     no_reuse.init_train()
-    no_reuse.resume(2)  # KAIR's meaning: D's optimizer starts afresh (logged as not bit-exact)
-    assert not no_reuse.optimizer_d.state_dict()["state"]
+    no_reuse.resume(2)  # KAIR's meaning: D's optimizer starts afresh (logged as not bit-exact), at step 2's LR
+    assert not no_reuse.units["D"].optimizer.state_dict()["state"]
+    assert no_reuse.units["D"].optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-4)
     os.remove(os.path.join(models, "2_D.pth"))
     with pytest.raises(ckpt.CheckpointError, match="2_D.pth is missing: step 2 .* was not saved by model 'gan'"):
         resumed.resume(2)
@@ -312,11 +315,12 @@ def test_bf16_accumulated_gan_run_saved_and_resumed_equals_the_uninterrupted_run
     for a, b in ((straight.net_g, resumed.net_g), (straight.net_e, resumed.net_e), (straight.net_d, resumed.net_d)):
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), type(a).__name__
-    for a, b in ((straight.optimizer, resumed.optimizer), (straight.optimizer_d, resumed.optimizer_d)):
+    for a, b in ((straight.optimizer, resumed.optimizer),
+                 (straight.units["D"].optimizer, resumed.units["D"].optimizer)):
         fa, fb = _flat_optimizer(a), _flat_optimizer(b)
         assert fa.keys() == fb.keys() and fa and all(torch.equal(fa[k], fb[k]) for k in fa)
         assert [g["lr"] for g in a.param_groups] == [g["lr"] for g in b.param_groups]
-    assert straight.optimizer_d.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-4)  # D's milestone crossed
+    assert straight.units["D"].optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-4)  # D's milestone crossed
 
 
 def test_options_of_the_gan_model(tmp_path):
@@ -327,8 +331,9 @@ def test_options_of_the_gan_model(tmp_path):
     assert opt["netD"] == {"net_type": "discriminator_unet", "base_nc": 4}
     model = ModelGAN(opt, CPU)
     model.init_train()
-    assert model.optimizer_d.param_groups[0]["betas"] == tuple(t["G_optimizer_betas"])  # null: G's
-    assert model.scheduler_d.kind == t["G_scheduler_type"] and model.scheduler_d.periods == t["G_scheduler_periods"]
+    assert model.units["D"].optimizer.param_groups[0]["betas"] == tuple(t["G_optimizer_betas"])  # null: G's
+    scheduler_d = model.units["D"].scheduler
+    assert scheduler_d.kind == t["G_scheduler_type"] and scheduler_d.periods == t["G_scheduler_periods"]
     base = {"task": "x", "model": "gan", "netG": {"net_type": "vrt"}, "netD": {"base_ncc": 8}}
     with pytest.raises(OptionError, match="unknown option 'netD.base_ncc'; did you mean 'base_nc'"):
         parse_options(None, base=base)
@@ -341,7 +346,7 @@ def test_no_perceptual_loss_needs_no_vgg19(tmp_path):
     assert model.perceptual is None
     _step(model, 1)
     assert "F_loss" not in model.current_log()
-    assert isinstance(model.net_d_train, nn.Module)
+    assert isinstance(model.units["D"].train_net, nn.Module)
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
