@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 from data.dataset_options import RGB_CHANNELS, at_least, only, resolve_options
 from data.dataset_video_train import VIMEO_FRAME_OPTIONS, read_meta_lines, vimeo_neighbors
 from data.frame_sources import NOISE_OPTIONS, FolderFrames, NoisyFrames, add_noise, sigma_map
+from data.meta_info import ensure_meta_info
 from utils.utils_option import OptionError
 from utils.utils_option_schema import NUM, OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError, check_problems, list_frames, read_img_seq
@@ -61,8 +62,9 @@ def _subfolders(root: str, opt: dict[str, Any]) -> list[str]:
     return sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(root), "*")) if os.path.isdir(p))
 
 
-def _meta_names(opt: dict[str, Any]) -> list[str]:
+def _meta_names(opt: dict[str, Any], fmt: str = "clips") -> list[str]:
     path = opt["meta_info_file"]
+    ensure_meta_info(path, opt.get("dataroot_gt"), fmt)
     names = [ln.split()[0] for ln in read_meta_lines(path) if ln]
     if not names:
         raise DataCheckError(f"meta_info_file {path} lists no clip")
@@ -258,7 +260,7 @@ class VideoTestVimeo90KDataset(Dataset):
         self.opt = opt = resolve_options(type(self), opt)
         frames = vimeo_neighbors(opt["num_frame"], opt["temporal_scale"])
         self.pad_sequence, self.mirror_sequence = opt["pad_sequence"], opt["mirror_sequence"]
-        self.folders = _meta_names(opt)
+        self.folders = _meta_names(opt, "vimeo")
         gt_root, lq_root = opt["dataroot_gt"], opt["dataroot_lq"]
         self.gt_paths = [os.path.join(gt_root, f, "im4.png") for f in self.folders]
         self.lq_paths = [[os.path.join(lq_root, f, f"im{n}.png") for n in frames] for f in self.folders]

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from torchvision import transforms
 
 from data.dataset_options import AUGMENT, NOISE_RANGE, RGB_CHANNELS, at_least, only, resolve_options
+from data.meta_info import ensure_meta_info
 from utils import utils_video
 from utils.utils_option_schema import OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError, FrameStore, check_problems
@@ -246,6 +247,7 @@ class VideoRecurrentTrainDataset(Dataset):
         test_mode = opt["test_mode"]
         if test_mode and not held_out:
             raise ValueError(f"{name}: test_mode keeps only the val_partition clips, but val_partition is not set")
+        ensure_meta_info(opt["meta_info_file"], opt["dataroot_gt"], "clips")
         clips = [c for c in read_meta_info(opt["meta_info_file"], 4) if (c[0] in held_out) == test_mode]
         if not clips:
             raise DataCheckError(f"{name}: no clip left in {opt['meta_info_file']} after val_partition")
@@ -398,6 +400,7 @@ class VideoRecurrentTrainVimeoDataset(Dataset):
         self.random_reverse = opt["random_reverse"]
         self.use_hflip, self.use_rot = opt["use_hflip"], opt["use_rot"]
         self.mirror_sequence, self.pad_sequence = opt["mirror_sequence"], opt["pad_sequence"]
+        ensure_meta_info(opt["meta_info_file"], opt["dataroot_gt"], "vimeo")
         self.keys = [c for c, _, _ in read_meta_info(opt["meta_info_file"], 3)]
         ext = opt["filename_ext"]
         self.gt_store = utils_video.make_store(opt["dataroot_gt"], opt["io_backend"], ext)
