@@ -90,7 +90,9 @@ class MetricSuite:
 
 
 def _quantize(x: torch.Tensor) -> torch.Tensor:
-    return torch.round(x.float().clamp(0, 1) * 255) / 255
+    """Frames as saved (uint8 levels), in the standard memory layout: a channels-last input would take other
+    convolution kernels, whose rounding differs, and a frame's value must not depend on how the caller held it."""
+    return (torch.round(x.float().clamp(0, 1) * 255) / 255).contiguous(memory_format=torch.contiguous_format)
 
 
 def _uint8(x: torch.Tensor) -> np.ndarray:
