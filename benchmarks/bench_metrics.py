@@ -8,6 +8,7 @@ Networks are timed with ``batch_frames`` 1 (the default: per-frame values indepe
 same input, where installed. ``--device cuda`` times the GPU where there is one.
 
     python benchmarks/bench_metrics.py --threads 2
+    python benchmarks/bench_metrics.py --threads 2 --eval   # main_test_vrt.py on a 100-frame clip, +- metrics
 """
 
 from __future__ import annotations
@@ -82,6 +83,47 @@ def reference_ms(name: str, out: torch.Tensor, gt: torch.Tensor, weights: str, d
     return 1000 * (time.perf_counter() - start) / len(out)
 
 
+def eval_seconds(frames: int, threads: int) -> None:
+    """Wall seconds of ``main_test_vrt.py`` (in this process) restoring one ``frames``-frame clip (LQ 64 x 64 -> GT
+    256 x 256, x4) with the tiny convolutional baseline, without and with ``--metrics ... lpips niqe tof tlp``."""
+    import copy
+    import json
+
+    import cv2
+
+    from engine import evaluate, scoring
+    from models.network_baseline import VideoConvBaseline
+    from tests.support.helpers import TINY_OPT
+
+    ws = tempfile.mkdtemp(prefix="bench_eval_")
+    opt = copy.deepcopy(TINY_OPT)
+    opt["path"]["root"] = os.path.join(ws, "experiments")
+    opt["val"] = {"num_frame_testing": 10, "num_frame_overlapping": 2}
+    with open(os.path.join(ws, "opt.json"), "w") as fh:
+        json.dump(opt, fh)
+    ckpt = os.path.join(ws, "experiments", "tiny", "models", "5_G.pth")
+    os.makedirs(os.path.dirname(ckpt))
+    torch.manual_seed(0)
+    torch.save({"params": VideoConvBaseline(upscale=4, num_feat=8, num_block=1).state_dict()}, ckpt)
+    out, gt = clip((256, 256), frames)
+    for t in range(frames):
+        g = (gt[t].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        for sub, img in (("gt", g), ("lq", cv2.resize(g, (64, 64), interpolation=cv2.INTER_AREA))):
+            os.makedirs(os.path.join(ws, sub, "000"), exist_ok=True)
+            cv2.imwrite(os.path.join(ws, sub, "000", f"{t:08d}.png"), img[..., ::-1])
+    weights = make_weights(os.path.join(ws, "metric_weights"))
+    scoring.VERIFY_WEIGHTS = False  # the seeded stand-ins
+    common = ["--opt", os.path.join(ws, "opt.json"), "--folder_lq", os.path.join(ws, "lq"), "--folder_gt",
+              os.path.join(ws, "gt"), "--num_workers", "0", "--device", "cpu", "--metric_weights", weights]
+    for i, extra in enumerate(([], ["--metrics", "psnr", "ssim", "psnr_y", "ssim_y", "lpips", "niqe", "tof",
+                                    "tlp"])):
+        start = time.perf_counter()
+        code = evaluate.main([*common, "--save_dir", os.path.join(ws, f"run{i}"), *extra])
+        took = time.perf_counter() - start
+        print(f"main_test_vrt.py, {frames}-frame clip, {threads} threads, {' '.join(extra) or 'KAIR four'}: "
+              f"{took:.2f} s (exit {code})", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -90,9 +132,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--metrics", nargs="+", default=list(METRICS))
     parser.add_argument("--clip_frames", type=int, default=100, help="frames of the with/without clip (256 x 256)")
+    parser.add_argument("--eval", action="store_true", help="time main_test_vrt.py with and without the metrics")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
+    if args.eval:
+        eval_seconds(args.clip_frames, args.threads)
+        return 0
     device = torch.device(args.device)
     weights = make_weights(tempfile.mkdtemp(prefix="bench_metric_weights_"))
     print(f"torch {torch.__version__}, {args.threads} threads, device {device}")
