@@ -17,6 +17,10 @@ skipped and say so):
   attention call (``sdpa`` in the JSON);
 * ``compile``: ``torch.compile`` of a small VRT (compile time, step time against eager);
 * ``ddp``: a DDP step in an NCCL (CPU: gloo) process group of one rank, against the bare step;
+* ``gan``: the GAN model's whole step (``models/model_gan.py``) with VRT 010's generator and U-Net discriminator at
+  1 clip, each in its own DDP wrapper (one-rank group), perceptual loss on generated VGG19 weights, in fp32, bf16
+  autocast (D's spectral norm inside it) and fp16 with one GradScaler for both optimizers: step time, peak
+  memory, finite losses, spectral-norm vectors kept fp32;
 * ``deterministic``: step time with ``train.deterministic`` on and off, and two deterministic runs compared bit
   for bit;
 * ``tiled``: tiled-inference frames/s at 720p output (VRT 001 x4, 12 frames of 180x320 LQ, tile 40x128x128) and on
@@ -60,11 +64,12 @@ from models.network_rvrt import RVRT  # noqa: E402
 from models.network_vrt import VRT  # noqa: E402
 from models.select_network import define_network, network_kwargs  # noqa: E402
 from models.video_inference import infer_video  # noqa: E402
-from utils import utils_numerics  # noqa: E402
+from utils import utils_numerics, utils_option  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / 'tests' / 'fixtures'
 AMP = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+GAN_RECIPE = 'options/vrt/010_train_vrt_videosr_realworld_gan.json'
 RECIPES = {'vrt_001': 'options/vrt/001_train_vrt_videosr_bi_reds_6frames.json',
            'vrt_002': 'options/vrt/002_train_vrt_videosr_bi_reds_16frames.json',
            'vrt_005': 'options/vrt/005_train_vrt_videodeblurring_dvd.json',
@@ -377,6 +382,95 @@ def ddp_section(s: Suite) -> dict[str, Any]:
             'overhead': round(m['ddp']['train_step_s'] / m['bare']['train_step_s'] - 1, 3)}
 
 
+def _gan_options(s: Suite, tmp: str) -> dict[str, Any]:
+    """VRT 010's GAN option file as written (quick: the small VRT and a narrow discriminator), no pretrained files,
+    VGG19 weights generated into ``tmp`` up to the deepest perceptual layer."""
+    from torchvision.models.vgg import cfgs, make_layers
+
+    if s.quick:
+        base = {'task': 'gan', 'model': 'gan', 'scale': 1, 'path': {'root': tmp}, 'netG': QUICK_VRT,
+                'netD': {'net_type': 'discriminator_unet', 'base_nc': 8},
+                'datasets': {'train': {'dataset_type': 'synthetic', 'num_frame': QUICK_CLIPS['vrt'][0],
+                                       'gt_size': QUICK_CLIPS['vrt'][1], 'dataloader_batch_size': 1}},
+                'train': {'F_feature_layer': [2, 7], 'F_weights': [0.1, 1.0], 'E_decay': 0.999}}
+    else:
+        base = utils_option.load_json(str(ROOT / GAN_RECIPE))
+        base['path'] = {'root': tmp}
+        base['netG']['spynet_path'] = None
+    vgg = Path(tmp) / 'vgg19.pth'
+    torch.manual_seed(3)
+    layers = make_layers(cfgs['E'])[:max(base['train']['F_feature_layer']) + 1]
+    torch.save({f'features.{k}': v for k, v in layers.state_dict().items()}, vgg)
+    base['train'] = {**base['train'], 'F_vgg19_path': str(vgg), 'deterministic': False, 'D_init_iters': 0,
+                     'D_update_ratio': 1, 'gan_warmup_iter': 0}
+    return base
+
+
+def gan_section(s: Suite) -> dict[str, Any]:
+    from models.model_gan import ModelGAN
+    from utils.utils_dist import DistInfo
+
+    rows = []
+    iters, warmup = (1, 1) if s.quick else (s.args.iters, 2)
+    precisions = s.precisions('vrt_010', ('fp32', 'bf16', 'fp16'), timed=True)  # CPU: fp16 takes 28 s a step
+    backend = 'nccl' if s.device.type == 'cuda' else 'gloo'
+    with tempfile.TemporaryDirectory() as tmp:
+        base = _gan_options(s, tmp)
+        lq, gt = train_clip(base)
+        extra = {'device_id': s.device} if backend == 'nccl' else {}
+        dist.init_process_group(backend, init_method=f'file://{tmp}/store', rank=0, world_size=1, **extra)
+        try:
+            for precision in precisions:
+                if s.over_budget():
+                    rows.append({'precision': precision, 'error': 'skipped: time budget'})
+                    continue
+                torch.manual_seed(0)
+                amp = 'none' if precision == 'fp32' else precision
+                opt = parse_options(None, base={**copy.deepcopy(base), 'datasets': {},
+                                                 'train': {**base['train'], 'amp': amp}})
+                model = ModelGAN(opt, DistInfo(0, 0, 1, s.device))
+                model.dist = DistInfo(0, 0, 2, s.device)  # the DDP branch of wrap(); the group has one rank
+                model.init_train()
+                model.load_pretrained()
+                updates: list[int] = []
+                if model.scaler is not None:
+                    scaler_update = model.scaler.update
+                    model.scaler.update = lambda u=updates, f=scaler_update: u.append(1) or f()
+                batch = {'L': _rand((1, *lq), s.device, 1), 'H': _rand((1, *gt), s.device, 2)}
+                times = []
+                for step in range(1, warmup + iters + 1):
+                    if step == warmup + 1 and s.device.type == 'cuda':
+                        torch.cuda.reset_peak_memory_stats(s.device)
+                    _sync(s.device)
+                    t0 = time.perf_counter()
+                    model.update_learning_rate(step)
+                    model.train_step([batch], step)
+                    _sync(s.device)
+                    times.append(time.perf_counter() - t0)
+                vectors = [v for k, v in model.net_d.state_dict().items() if k.endswith(('._u', '._v'))]
+                row = {'preset': 'vrt quick' if s.quick else 'vrt_010_gan', 'clip': 'x'.join(map(str, lq)),
+                       'precision': precision, 'step_s': round(min(times[warmup:]), 4),
+                       'peak_gb': round(torch.cuda.max_memory_allocated(s.device) / 2**30, 2)
+                       if s.device.type == 'cuda' else None,
+                       'finite': all(torch.isfinite(torch.tensor(v)) for v in model.current_log().values()),
+                       'sn_fp32': bool(vectors) and all(v.dtype == torch.float32 and bool(torch.isfinite(v).all())
+                                                         for v in vectors),
+                       'ddp_units': sorted(label for label, unit in model.units.items()
+                                           if isinstance(unit.train_net, nn.parallel.DistributedDataParallel)),
+                       'scaler_updates': len(updates) if model.scaler is not None else None,
+                       'scale': model.scaler.get_scale() if model.scaler is not None else None}
+                rows.append(row)
+                if not (row['finite'] and row['sn_fp32'] and row['ddp_units'] == ['D', 'G']) or \
+                        row['scaler_updates'] not in (None, warmup + iters):
+                    s.problems.append(f'gan {precision}: {row}')
+                del model
+                if s.device.type == 'cuda':
+                    torch.cuda.empty_cache()
+        finally:
+            dist.destroy_process_group()
+    return {'rows': rows}
+
+
 def deterministic_section(s: Suite) -> dict[str, Any]:
     rows = []
     before = utils_numerics.current_state()
@@ -464,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device = 'cuda:0'
     suite = Suite(args)
     sections = {'environment': environment, 'goldens': goldens, 'parity': parity, 'train': train,
-                'ddp': ddp_section, 'deterministic': deterministic_section, 'tiled': tiled,
+                'ddp': ddp_section, 'gan': gan_section, 'deterministic': deterministic_section, 'tiled': tiled,
                 'compile': compile_section}
     before = utils_numerics.current_state()
     # the training defaults but deterministic mode (the deterministic section measures both): TF32 off, cuDNN

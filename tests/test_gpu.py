@@ -27,6 +27,7 @@ from models import layers_attention
 from models.layers_deform_attn import deform_attn
 from models.layers_deform_conv import deform_conv3x3_sampled
 from models.layers_sdpa import attention, record_attention_calls
+from models.model_gan import ModelGAN
 from models.model_vrt import ModelVRT
 from models.model_zoo import TASKS
 from models.network_rvrt import RVRT
@@ -37,6 +38,7 @@ from tests.support.helpers import RVRT_TINY_OPT, VRT_TINY_OPT, assert_ok, assert
 from utils import utils_checkpoint as ckpt
 from utils import utils_numerics
 from utils.utils_dist import DistError, DistInfo, get_dist_info, init_dist
+from utils.utils_numerics import AMP_DTYPES
 from utils.utils_option import parse
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')]
@@ -302,6 +304,88 @@ def test_bf16_and_fp16_train_steps_close_to_fp32(tmp_path: Path) -> None:
         losses[amp] = history[0]
     for amp in ('bf16', 'fp16'):
         assert abs(losses[amp] - losses['none']) <= 0.05 * losses['none'], losses
+
+
+# --------------------------------------------------------------------------------------------------- GAN
+def _gan_opt(tmp_path: Path, **train) -> dict:
+    """ModelGAN on the small VRT against a U-Net discriminator, perceptual loss on generated VGG19 conv1 weights."""
+    from torchvision.models.vgg import cfgs, make_layers
+
+    torch.manual_seed(3)
+    vgg = tmp_path / 'vgg19.pth'
+    torch.save({f'features.{k}': v for k, v in make_layers(cfgs['E'])[:3].state_dict().items()}, vgg)
+    base = {'task': 'gan', 'model': 'gan', 'scale': 4, 'path': {'root': str(tmp_path)}, 'datasets': {},
+            'netG': {'net_type': 'vrt', **{k: list(v) if isinstance(v, tuple) else v for k, v in VRT_SMALL.items()}},
+            'netD': {'net_type': 'discriminator_unet', 'base_nc': 8},
+            'train': {'G_lossfn_type': 'l1', 'G_optimizer_lr': 1e-4, 'manual_seed': 0, 'F_feature_layer': [2],
+                      'F_weights': [1.0], 'F_vgg19_path': str(vgg), 'D_init_iters': 1, 'E_decay': 0.9,
+                      'D_optimizer_reuse': True, 'G_optimizer_reuse': True, **train}}
+    return parse(None, base=base)
+
+
+@pytest.mark.parametrize('amp', ['bf16', 'fp16'])
+def test_gan_on_cuda_two_ddp_units_spectral_norm_under_autocast_one_fp16_scaler(tmp_path: Path, amp: str) -> None:
+    """ModelGAN on the GPU in an NCCL group (one rank): G and D each train through their own DDP wrapper (no buffer
+    re-sends), D alone at step 1 then both; under bf16 autocast the spectral-norm vectors stay fp32 and finite and
+    D's logits stay within 5% of its fp32 logits; under fp16 one GradScaler steps both optimizers; a checkpoint
+    reloads G, E, D and both optimizers exactly."""
+    dist.init_process_group('nccl', init_method=f'file://{tmp_path}/store', rank=0, world_size=1, device_id=CUDA)
+    try:
+        torch.manual_seed(0)
+        opt = _gan_opt(tmp_path, amp=amp)
+        model = ModelGAN(opt, DistInfo(0, 0, 1, CUDA))
+        model.dist = DistInfo(0, 0, 2, CUDA)  # wrap() takes its DDP branch from world_size > 1; the group has one rank
+        model.init_train()
+        model.load_pretrained()
+        g, d = model.units['G'], model.units['D']
+        for unit in (g, d):
+            ddp = unit.train_net
+            assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and ddp.device_ids == [0], unit.label
+            assert not getattr(ddp, 'forward_sync_buffers', getattr(ddp, 'broadcast_buffers', True)), unit.label
+        assert (model.scaler is not None) == (amp == 'fp16')
+        stepped, updates = [], []
+        if model.scaler is not None:  # one scaler: it steps both optimizers and is updated once a step
+            scaler_step, scaler_update = model.scaler.step, model.scaler.update
+            model.scaler.step = lambda optimizer: stepped.append(optimizer) or scaler_step(optimizer)
+            model.scaler.update = lambda: updates.append(1) or scaler_update()
+        g0, d0 = copy.deepcopy(g.net.state_dict()), copy.deepcopy(d.net.state_dict())
+        for step in (1, 2, 3):
+            model.update_learning_rate(step)
+            model.train_step([_batch(VRT_SMALL, seed=step)], step)
+            log = model.current_log()
+            assert ('D_loss' in log) == (step > 1) and all(torch.isfinite(torch.tensor(v)) for v in log.values()), log
+        changed = lambda a, b: any(not torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+        assert changed(g0, g.net.state_dict()) and changed(d0, d.net.state_dict())
+        vectors = {k: v for k, v in d.net.state_dict().items() if k.endswith(('._u', '._v'))}
+        assert vectors and all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in vectors.values())
+        assert changed({k: d0[k] for k in vectors}, vectors)  # the power iteration ran
+        frames = _batch(VRT_SMALL, seed=9)['H'].to(CUDA)
+        with torch.no_grad():
+            ref = d.net(frames).float()
+            with torch.autocast('cuda', dtype=AMP_DTYPES[amp]):
+                low = d.net(frames).float()
+        assert _max_rel(low, ref) < 0.05
+        if amp == 'fp16':
+            assert [id(o) for o in stepped] == [id(d.optimizer), id(g.optimizer), id(d.optimizer),
+                                                id(g.optimizer), id(d.optimizer)] and len(updates) == 3
+            assert 0 < model.scaler.get_scale() < float('inf')
+        model.save(3, {'epoch': 0})
+        torch.manual_seed(5)
+        resumed = ModelGAN(opt, DistInfo(0, 0, 1, CUDA))
+        resumed.init_train()
+        resumed.resume(3)
+        for label, unit in model.units.items():
+            other = resumed.units[label]
+            for a, b in ((unit.net, other.net), (unit.ema, other.ema)):
+                if a is not None:
+                    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+            sa, sb = unit.optimizer.state_dict()['state'], other.optimizer.state_dict()['state']
+            assert sa.keys() == sb.keys() and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i]
+                                                  if isinstance(sa[i][k], torch.Tensor)), label
+        if amp == 'fp16':
+            assert resumed.scaler_state() == model.scaler_state()
+    finally:
+        dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------------------- deterministic mode
