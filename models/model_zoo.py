@@ -1,4 +1,5 @@
-"""The released VRT, RVRT and BasicVSR++ models: constructor settings, test-time settings and where their weights live.
+"""The released VRT, RVRT, BasicVSR++ and IART models: constructor settings, test-time settings and where their weights
+live.
 
 ``TASKS`` maps the task names of the official test scripts (``main_test_vrt.py`` of VRT, ``main_test_rvrt.py`` of
 KAIR) to a :class:`TaskSpec`. Nothing here downloads: a missing weight file is one clear error naming the release
@@ -24,7 +25,11 @@ __all__ = ["TASKS", "ModelZooError", "TaskSpec"]
 VRT_RELEASE = "https://github.com/JingyunLiang/VRT/releases/download/v0.0"
 RVRT_RELEASE = "https://github.com/JingyunLiang/RVRT/releases/download/v0.0"
 BASICVSRPP_RELEASE = "https://download.openmmlab.com/mmediting/restorers/basicvsr_plusplus"
-RELEASES = {"vrt": VRT_RELEASE, "rvrt": RVRT_RELEASE, "basicvsrpp": BASICVSRPP_RELEASE}
+# IART's README publishes its four models in this Google Drive folder ("Download models from this link and put them
+# under experiments/"); its test scripts load them as experiments/pretrained_models/<name>.pth. No direct file URL is
+# published, and the folder's listing could not be checked from here (no network): the names are the test scripts'.
+IART_AUTHOR_FOLDER = "https://drive.google.com/drive/folders/1MIUK37Izc4IcA_a3eSH-21EXOZO5G5qU?usp=sharing"
+RELEASES = {"vrt": VRT_RELEASE, "rvrt": RVRT_RELEASE, "basicvsrpp": BASICVSRPP_RELEASE, "iart": IART_AUTHOR_FOLDER}
 
 
 class ModelZooError(FileNotFoundError):
@@ -37,7 +42,8 @@ class TaskSpec:
 
     Attributes:
         name: the task name (also the weight file's stem).
-        net_type: ``'vrt'``, ``'rvrt'`` or ``'basicvsrpp'`` (the family's release site is ``RELEASES[net_type]``).
+        net_type: ``'vrt'``, ``'rvrt'``, ``'basicvsrpp'`` or ``'iart'`` (the family's release site is
+            ``RELEASES[net_type]``).
         kwargs: constructor keyword arguments (use :meth:`net_kwargs` for a copy); what the network eats (scale,
             noise-level map, frame interpolation, padding multiple) is its own ``io`` (:mod:`models.net_io`).
         tile: README-recommended ``(frames, height, width)`` tile (0 = no tiling along that axis).
@@ -86,7 +92,7 @@ class TaskSpec:
 
     @property
     def default_model_path(self) -> str:
-        """``model_zoo/{vrt,rvrt,basicvsrpp}/{task}.pth`` (the official scripts' location)."""
+        """``model_zoo/{vrt,rvrt,basicvsrpp,iart}/{task}.pth`` (the official scripts' location)."""
         return os.path.join("model_zoo", self.net_type, f"{self.name}.pth")
 
     def check_model_file(self, path: str) -> None:
@@ -224,7 +230,24 @@ def _basicvsrpp_specs() -> list[TaskSpec]:
             for name, mid, blocks, low_res, mirror, sets in _BASICVSRPP]
 
 
-TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (*_specs(), *_basicvsrpp_specs())}
+# IART releases (file stems of the official test scripts, test_scripts/{BI,BD}/...): REDS BI with 6 and 16 training
+# frames (tested on REDS4 and Vid4), Vimeo-90K BI and BD (tested on Vid4, Vimeo-90K-T, and UDM10 for BD). One
+# constructor for all four (the scripts differ only in cpu_cache_length: 20 for UDM10, a memory setting that does not
+# change the output).
+IART_RELEASED = {"mid_channels": 64, "embed_dim": 120, "depths": [6, 6, 6], "num_heads": [6, 6, 6],
+                 "window_size": [3, 8, 8], "num_frames": 3, "cpu_cache_length": 100, "is_low_res_input": True}
+_IART = [("IART_REDS_BI_N6", ("REDS4", "Vid4")), ("IART_REDS_BI_N16", ("REDS4", "Vid4")),
+         ("IART_Vimeo-90K_BI", ("Vid4",)), ("IART_Vimeo-90K_BD", ("Vid4",))]
+
+
+def _iart_specs() -> list[TaskSpec]:
+    """Whole clips and frames, as the official test scripts (``--tile 100 0 0 --tile_overlap 10 0 0`` bounds the
+    device memory of longer videos); files from the authors' folder, no digest published."""
+    return [TaskSpec(name, "iart", copy.deepcopy(IART_RELEASED), (0, 0, 0), (10, 20, 20), test_sets=sets,
+                     published_in=IART_AUTHOR_FOLDER) for name, sets in _IART]
+
+
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (*_specs(), *_basicvsrpp_specs(), *_iart_specs())}
 
 
 def testset_url(name: str) -> str:

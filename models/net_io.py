@@ -35,6 +35,8 @@ class NetIO:
         temporal_overlap: recommended frames shared by consecutive temporal tiles.
         clip_frames: input frames of every forward when the network takes a fixed number (VRT's frame
             interpolation: its ``img_size[0]``); 0: any number.
+        min_size: smallest height and width of an input frame (of a tile at test time) the network takes (IART: 64,
+            as its official implementation asserts); 0: no minimum beyond what the padding multiple gives.
     """
 
     in_chans: int = 3
@@ -46,6 +48,7 @@ class NetIO:
     temporal_tile: int = 0
     temporal_overlap: int = 2
     clip_frames: int = 0
+    min_size: int = 0
 
     @property
     def image_chans(self) -> int:
@@ -101,7 +104,7 @@ class NetIO:
                 "noise_map": str(int(self.noise_map)), "frame_interpolation": str(int(self.frame_interpolation)),
                 "input_multiple": ",".join(map(str, self.input_multiple)),
                 "temporal_tile": str(self.temporal_tile), "temporal_overlap": str(self.temporal_overlap),
-                "clip_frames": str(self.clip_frames)}
+                "clip_frames": str(self.clip_frames), "min_size": str(self.min_size)}
 
 
 def unwrap(net: nn.Module) -> nn.Module:

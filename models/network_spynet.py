@@ -138,3 +138,38 @@ class SpyNet(nn.Module):
         supp = F.interpolate(supp, size=(h_floor, w_floor), mode='bilinear', align_corners=False)
         flows = self._process(ref, supp, h, w)
         return flows[0] if len(flows) == 1 else flows
+
+
+def neighbour_flows(spynet: SpyNet, lqs: Tensor, mirrored: bool = False, store: torch.device | None = None,
+                    chunk: int = 0) -> tuple[Tensor, Tensor]:
+    """Flows between neighbouring frames of clips for recurrent propagation (BasicVSR++-style networks, IART).
+
+    Float64 clips are estimated in float64, every other dtype in float32 (the caller turns autocast off: flows need
+    sub-pixel precision).
+
+    Args:
+        spynet: a single-level :class:`SpyNet` (``return_levels=(5,)``).
+        lqs: (N, T, 3, H, W) frames.
+        mirrored: the clip is mirror-extended (frame i == frame T-1-i): the forward flows are the flipped backward
+            flows, so only one direction is estimated.
+        store: where the flows are kept (default: ``lqs.device``).
+        chunk: frame pairs per SpyNet call (0: all at once).
+
+    Returns:
+        ``(flows_forward, flows_backward)``, each (N, T-1, 2, H, W): backward[i] warps frame i+1 onto frame i,
+        forward[i] frame i onto frame i+1.
+    """
+    n, t, c, h, w = lqs.shape
+    store = store or lqs.device
+    work = torch.float64 if lqs.dtype == torch.float64 else torch.float32
+    first = lqs[:, :-1].reshape(-1, c, h, w).to(work)
+    second = lqs[:, 1:].reshape(-1, c, h, w).to(work)
+    ref, supp = (first, second) if mirrored else (torch.cat([first, second]), torch.cat([second, first]))
+    step = chunk or max(1, ref.shape[0])
+    parts = [spynet(ref[i:i + step], supp[i:i + step]).to(store) for i in range(0, ref.shape[0], step)]
+    flows = torch.cat(parts) if parts else ref.new_zeros(0, 2, h, w, device=store)
+    if mirrored:
+        backward = flows.view(n, t - 1, 2, h, w)
+        return backward.flip(1), backward
+    backward, forward = flows.view(2, n, t - 1, 2, h, w).unbind(0)
+    return forward, backward

@@ -90,7 +90,8 @@ def io_from_metadata(meta: dict[str, str]) -> NetIO:
                  noise_map=meta["noise_map"] == "1", frame_interpolation=meta["frame_interpolation"] == "1",
                  input_multiple=tuple(int(v) for v in meta["input_multiple"].split(",")),  # type: ignore[arg-type]
                  temporal_tile=int(meta["temporal_tile"]), temporal_overlap=int(meta["temporal_overlap"]),
-                 clip_frames=int(meta.get("clip_frames", "0")))  # files exported before the field: any number
+                 clip_frames=int(meta.get("clip_frames", "0")),  # files exported before the field: any number
+                 min_size=int(meta.get("min_size", "0")))  # likewise: no minimum
 
 
 def tile_from_metadata(meta: dict[str, str]) -> ExportedTile:

@@ -14,6 +14,7 @@ from torch import nn
 
 from models.network_baseline import VideoConvBaseline
 from models.network_basicvsrpp import BasicVSRPlusPlus
+from models.network_iart import IART
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
 from utils.utils_option import NETWORK_META, check_network
@@ -24,6 +25,7 @@ NETWORKS: dict[str, type[nn.Module]] = {
     "rvrt": RVRT,
     "videoconvbaseline": VideoConvBaseline,
     "basicvsrpp": BasicVSRPlusPlus,
+    "iart": IART,
 }
 
 # KAIR keys in netG that configure weight initialisation rather than the constructor.

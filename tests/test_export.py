@@ -60,6 +60,7 @@ def _experiment(tmp_path, name: str, netg: dict) -> tuple[str, torch.nn.Module]:
 
 def _tile(net: torch.nn.Module, frames: int = 2, size: int = 40) -> tuple[int, int, int]:
     _, mh, mw = net.io.input_multiple
+    size = max(size, net.io.min_size)  # IART takes 64+ pixels
     return frames, math.ceil(size / mh) * mh, math.ceil(size / mw) * mw
 
 

@@ -165,9 +165,10 @@ def test_two_processes_train_and_evaluate_every_network(tmp_path, monkeypatch, o
     """One torchrun job of 2 processes trains each network (SR form) with validation and evaluates it on frame
     folders, and trains the conv baseline's denoiser and evaluates it on a video file (noise-level map from
     --sigma, the clip cut into segments shared by the 2 processes): equal to one process."""
-    lq, gt = _write_clips(str(tmp_path / "clips"), "sr", 36)
-    jobs = [{"opt": _opt(tmp_path, net_type, "sr", task=f"dist_{net_type}"), "lq": lq, "gt": gt, "args": []}
-            for net_type in sorted(NETWORKS)]
+    sizes = {lq_size(net_type, "sr") for net_type in NETWORKS}
+    clips = {size: _write_clips(str(tmp_path / f"clips{size}"), "sr", size) for size in sizes}
+    jobs = [{"opt": _opt(tmp_path, net_type, "sr", task=f"dist_{net_type}"), "lq": clips[lq_size(net_type, "sr")][0],
+             "gt": clips[lq_size(net_type, "sr")][1], "args": []} for net_type in sorted(NETWORKS)]
     lq_video, gt_video = _write_videos(str(tmp_path / "denoise"), *_write_clips(str(tmp_path / "noisy"),
                                                                                  "denoise", 16))
     denoise = ["--sigma", "30", "--tile", "2", "0", "--tile_overlap", "1", "0", "--segment_frames", "2"]

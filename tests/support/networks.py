@@ -3,7 +3,7 @@ each network through an entry point: tests/test_registered_networks.py, tests/te
 
 from __future__ import annotations
 
-# the smallest netG of each registered network that runs on 36x36 LQ frames, x4
+# the smallest netG of each registered network that runs on 36x36 LQ frames (IART: 64x64), x4
 TINY_NETS = {
     "vrt": {"net_type": "vrt", "upscale": 4, "img_size": [2, 40, 40], "window_size": [2, 4, 4], "depths": [1] * 8,
             "indep_reconsts": [], "embed_dims": [8] * 8, "num_heads": [1] * 8, "pa_frames": 2,
@@ -13,6 +13,8 @@ TINY_NETS = {
              "attention_heads": 2, "spynet_path": None},
     "videoconvbaseline": {"net_type": "videoconvbaseline", "upscale": 4, "num_feat": 8, "num_block": 1},
     "basicvsrpp": {"net_type": "basicvsrpp", "mid_channels": 8, "num_blocks": 1, "spynet_path": None},
+    "iart": {"net_type": "iart", "mid_channels": 8, "embed_dim": 8, "depths": [1], "num_heads": [2],
+             "window_size": [3, 4, 4], "use_checkpoint": False, "drop_path_rate": 0.0, "spynet_path": None},
 }
 
 # netG changes from TINY_NETS for each task form a network supports, and the LQ size the form runs on
@@ -22,9 +24,11 @@ FORMS: dict[str, dict[str, dict]] = {
     "rvrt": {"sr": {}, "denoise": {"upscale": 1, "nonblind_denoising": True}, "deblur": {"upscale": 1}},
     "videoconvbaseline": {"sr": {}, "denoise": {"upscale": 1, "in_chans": 4}, "deblur": {"upscale": 1}},
     "basicvsrpp": {"sr": {}, "deblur": {"is_low_res_input": False}},
+    "iart": {"sr": {}},
 }
 LQ_SIZE = {"rvrt": {"denoise": 136, "deblur": 136},  # RVRT without upscaling needs frames of 132+ pixels
-           "basicvsrpp": {"deblur": 132}}  # so does BasicVSR++ (multiples of 4)
+           "basicvsrpp": {"deblur": 132},  # so does BasicVSR++ (multiples of 4)
+           "iart": {"sr": 64}}  # IART takes LQ frames of 64+ pixels (its NetIO.min_size)
 CASES = [(net, form) for net in sorted(FORMS) for form in FORMS[net]]
 
 
