@@ -25,13 +25,12 @@ import logging
 import math
 import os
 import resource
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from utils.utils_checkpoint import fsync_dir
+from utils.utils_fs import atomic_open
 
 logger = logging.getLogger(__name__)
 
@@ -228,19 +227,8 @@ class ResultStore:
 def write_json(path: str, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (a reader sees the old file, or the complete new one), durably (the
     file and the rename are fsynced)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(os.path.dirname(path))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "w", durable=True, encoding="utf-8") as f:
+        json.dump(data, f)
 
 
 def peak_host_bytes() -> int:

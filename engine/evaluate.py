@@ -30,6 +30,7 @@ import argparse
 import csv
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -72,11 +73,27 @@ from utils import utils_checkpoint, utils_dist
 from utils.metrics import check_clip_length
 from utils.metrics.niqe import rgb_to_y
 from utils.metrics.vmaf import vmaf_clip
+from utils.utils_fs import atomic_open, temporary_name
 from utils.utils_image import imwrite_rgb
 from utils.utils_numerics import AMP_DTYPES
+from utils.utils_signals import ignore_stop_signals, install_stop_handler, restore_handlers
 from utils.utils_video_file import VideoReader, VideoWriter
 
 logger = logging.getLogger(__name__)
+
+class _Stopped(BaseException):
+    """A stop signal arrived (a BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way
+    takes it for a failed input)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal = signal.Signals(signum)
+
+
+def _stop_now(signum: int, frame: Any) -> None:
+    del frame
+    raise _Stopped(signum)
+
 
 class _Failed(Exception):
     """The run failed on some rank, and the reason has been logged once."""
@@ -474,7 +491,7 @@ class _Spool:
 
     def __init__(self, ctx: _Run, clip: _Clip, seg: Segment) -> None:
         self.paths = {k: _side_file(ctx, clip, seg, f"vmaf_{k}.y") for k in ("out", "gt")}
-        self.tmp = {k: _temporary(p) for k, p in self.paths.items()}
+        self.tmp = {k: temporary_name(p) for k, p in self.paths.items()}
         os.makedirs(os.path.dirname(self.paths["out"]), exist_ok=True)
         self.files = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115 (closed in close/abort)
         self.shape: tuple[int, int] | None = None
@@ -498,34 +515,6 @@ class _Spool:
                 os.remove(self.tmp[key])
 
 
-def _temporary(path: str) -> str:
-    """A temporary name beside ``path`` that ``ResultStore.clear_temporaries`` removes after a crash."""
-    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    tmp = _temporary(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def _write_edges(path: str, edges: dict[str, np.ndarray]) -> None:
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, **edges)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def _write_compare(ctx: _Run, clip: _Clip, seg: Segment, name: str, lq: torch.Tensor, out: torch.Tensor,
@@ -534,7 +523,8 @@ def _write_compare(ctx: _Run, clip: _Clip, seg: Segment, name: str, lq: torch.Te
     files = {}
     for panel, rgb in comparison_panels(lq, out, gt).items():
         path = _side_file(ctx, clip, seg, f"compare_{panel}.png")
-        _write_bytes(path, encode_png(rgb))
+        with atomic_open(path, "wb") as f:  # a temporary that ResultStore.clear_temporaries removes after a crash
+            f.write(encode_png(rgb))
         files[panel] = os.path.basename(path)
     return {"frame": name, "files": files}
 
@@ -597,7 +587,8 @@ def _restore_segment(ctx: _Run, clip: _Clip, seg: Segment, outputs: Iterator[tor
         edges_file = None
         if keep_edges:
             path = _side_file(ctx, clip, seg, "edges.npz")
-            _write_edges(path, edges)
+            with atomic_open(path, "wb") as f:
+                np.savez_compressed(f, **edges)
             edges_file = os.path.basename(path)
         spooled = spool.close() if spool is not None else None
     except BaseException:
@@ -631,7 +622,8 @@ def _restore_whole(ctx: _Run, segments: list[Segment]) -> None:
     """Test items restored at once (Vimeo-90K-T, interpolation sets), loaded by ``--num_workers`` workers."""
     args, setup = ctx.args, ctx.setup
     loader = DataLoader(Subset(ctx.test_set, [seg.clip for seg in segments]), batch_size=1, shuffle=False,
-                        num_workers=args.num_workers, collate_fn=_unbatch)
+                        num_workers=args.num_workers, collate_fn=_unbatch,
+                        worker_init_fn=ignore_stop_signals)
     for seg, item in zip(segments, tqdm(loader, desc="Testing", unit="clip", disable=ctx.rank != 0)):
         clip = ctx.clips[seg.clip]
         folder = str(item["folder"])
@@ -852,19 +844,11 @@ def _write_html(ctx: _Run, results: list[_ClipResult], average: dict[str, float]
 
 def _write_csv(path: str, header: list[str], rows: list[list[Any]]) -> None:
     """Rows with floats at full precision (an empty cell: no value), written to a temporary name and renamed."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows([[repr(float(v)) if isinstance(v, float) else ("" if v is None else v) for v in r]
-                              for r in rows])
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows([[repr(float(v)) if isinstance(v, float) else ("" if v is None else v) for v in r]
+                          for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -880,11 +864,19 @@ def main(argv: list[str] | None = None) -> int:
     root = logging.getLogger()
     if info.rank != 0 and root.level < logging.WARNING:
         root.setLevel(logging.WARNING)  # rank 0 speaks for the run
+    # a stop signal (SIGTERM from timeout or scancel, Ctrl-C, a hang-up, also when it reaches every process of the
+    # job at once) ends the run where it is: the complete segments keep their markers, a re-run finishes the rest
+    previous = install_stop_handler(_stop_now)
     try:
         with logging_redirect_tqdm():  # a warning during a clip gets a line of its own, not the progress bar's
             run(args)
+    except _Stopped as stop:
+        logger.warning("Stopped by %s: the complete segments are kept; re-run the same command to finish the rest",
+                       stop.signal.name)
+        return 128 + int(stop.signal)
     except _Failed:
         return 2
     finally:
+        restore_handlers(previous)
         utils_dist.destroy_dist()
     return 0

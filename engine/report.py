@@ -13,8 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import math
-import os
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from utils.metrics import MetricSpec
+from utils.utils_fs import atomic_open
 
 PANELS = ("input", "output", "gt")
 PANEL_TITLES = {"input": "input (upscaled)", "output": "output", "gt": "ground truth"}
 MAX_SIDE = 1280  # comparison panels larger than this are downscaled (area) to keep the page small
+MIN_SHOWN = 480  # narrower comparison frames are shown enlarged by a whole factor (nearest neighbour)
 
 
 @dataclass
@@ -191,6 +191,7 @@ document.querySelectorAll('.compare').forEach(function (box) {
     });
     knob.style.left = p + '%';
     knob.style.display = pick.left === pick.right ? 'none' : '';
+    box.setAttribute('data-shown', pick.left + '|' + pick.right);
     box.querySelectorAll('button').forEach(function (b) {
       b.classList.toggle('on', pick[b.getAttribute('data-side')] === b.getAttribute('data-panel'));
     });
@@ -204,6 +205,7 @@ document.querySelectorAll('.compare').forEach(function (box) {
   slider.addEventListener('input', show);
   show();
 });
+document.body.setAttribute('data-ready', '1');  // the script ran to its end (tests/test_report.py reads it)
 """
 
 
@@ -246,17 +248,19 @@ def _compare(clip: ClipReport) -> str:
         choice = "".join(f'<button type="button" data-side="{side}" data-panel="{k}">{PANEL_TITLES[k]}</button>'
                          for k in panels)
         buttons.append(f"<span>{side}:</span>{choice}")
+    width = int.from_bytes(clip.images["output"][16:20], "big")  # PNG IHDR
+    zoom = max(1, math.ceil(MIN_SHOWN / max(width, 1)))  # small frames shown enlarged, pixel for pixel
     imgs = []
     for k in panels:  # each image once; the script picks the two shown (without it: left | right at 50%)
         cls = "base" if k == left else "top" if k == right else ""
-        clip_style = ' style="clip-path:inset(0 0 0 50%)"' if k == right else ""
-        imgs.append(f'<img class="{cls}"{clip_style} data-panel="{k}" alt="{PANEL_TITLES[k]}" '
-                    f'src="{_data_uri(clip.images[k])}">')
+        clip_style = "clip-path:inset(0 0 0 50%);" if k == right else ""
+        imgs.append(f'<img class="{cls}" style="{clip_style}width:{width * zoom}px" data-panel="{k}" '
+                    f'alt="{PANEL_TITLES[k]}" src="{_data_uri(clip.images[k])}">')
     return (f'<div class="compare" data-left="{left}" data-right="{right}">'
             f'<div class="controls">{" ".join(buttons)}<input type="range" min="0" max="100" value="50" '
             f'aria-label="split"></div><div class="stage">{"".join(imgs)}<div class="knob" style="left:50%">'
-            f'</div></div><div class="note">frame {html.escape(clip.frame)}: drag the slider; the buttons choose '
-            "what is left and right of it</div></div>")
+            f'</div></div><div class="note">frame {html.escape(clip.frame)}{f" (shown x{zoom})" if zoom > 1 else ""}: '
+            "drag the slider; the buttons choose what is left and right of it</div></div>")
 
 
 def _clip_section(clip: ClipReport, specs: Sequence[MetricSpec]) -> str:
@@ -289,15 +293,6 @@ def write_report(path: str, title: str, specs: Sequence[MetricSpec], clips: Sequ
                  average: Mapping[str, float], about: Sequence[str] = ()) -> str:
     """Write the report to ``path`` atomically (a reader sees the old file or the complete new one); returns it."""
     page = render(title, specs, clips, average, about)
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(page)
     return path

@@ -23,6 +23,8 @@ from utils import utils_option, utils_trackers
 LOGGER = {"wandb": {"project": "vrt-tests", "mode": "offline"}, "mlflow": {"experiment": "vrt-tests"}}
 # first run: steps 1-2 with a validation at 2; the resume runs steps 3-4 with a validation at 4
 TRAIN = {"total_iter": 2, "checkpoint_test": 2, "checkpoint_save": 2, "checkpoint_print": 1}
+# KAIR's four and tOF (lower is better, no weights to fetch), which picks the best step
+VAL = {"metrics": ["psnr", "ssim", "psnr_y", "ssim_y", "tof"], "best_metric": "tof"}
 
 
 def _env(tmp_path) -> dict[str, str]:
@@ -77,17 +79,22 @@ def _wandb_runs(folder: str) -> list[dict]:
     runs = []
     for run_dir in sorted(glob.glob(os.path.join(folder, "offline-run-*"))):
         (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
-        run: dict = {"id": None, "history": {}, "config": {}}
+        run: dict = {"id": None, "history": {}, "config": {}, "images": {}}
         for record in _wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 run["id"] = record.run.run_id
             elif kind == "history":
-                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item
+                         if len(i.nested_key) < 2}
                 step = items.pop("_step")
                 for key, value in items.items():
                     if not key.startswith("_"):
                         run["history"].setdefault(key, {})[step] = value
+                for i in record.history.item:  # a logged image: its fields under (name, field)
+                    if len(i.nested_key) == 2:
+                        name, part = i.nested_key
+                        run["images"].setdefault(name, {}).setdefault(step, {})[part] = json.loads(i.value_json)
             elif kind == "config":
                 run["config"].update({i.key: json.loads(i.value_json) for i in record.config.update})
         runs.append(run)
@@ -110,7 +117,8 @@ def test_trackers_get_the_tensorboard_numbers_from_rank_0_and_a_resume_continues
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the test reads the store MLflow 3 keeps for back-compat
 
     uri = (tmp_path / "mlruns").as_uri()
-    opt = write_opt(tmp_path, logger={**LOGGER, "mlflow": {**LOGGER["mlflow"], "tracking_uri": uri}}, train=TRAIN)
+    opt = write_opt(tmp_path, logger={**LOGGER, "mlflow": {**LOGGER["mlflow"], "tracking_uri": uri}}, train=TRAIN,
+                    val=VAL)
     env = _env(tmp_path)
     assert_ok(torchrun(2, ["--opt", opt], env, str(tmp_path)))
     ids = torch.load(os.path.join(models_dir(tmp_path, "tiny"), "2_state.pth"), weights_only=True)["trackers"]
@@ -124,7 +132,14 @@ def test_trackers_get_the_tensorboard_numbers_from_rank_0_and_a_resume_continues
 
     tb = _tensorboard(os.path.join(tmp_path, "experiments", "tiny", "tensorboard"))
     assert sorted(tb["train/G_loss"]) == [1, 2, 3, 4] and sorted(tb["val/PSNR"]) == [2, 4]
-    assert {"train/lr", "train/samples_s", "val/SSIM", "val/psnr_y", "val/ssim_y"} <= tb.keys()
+    assert {"train/lr", "train/samples_s", "val/SSIM", "val/psnr_y", "val/ssim_y", "val/TOF"} <= tb.keys()
+    # the best step by tOF (lower is better) over both launches, kept through the resume, in models/best.json
+    best = json.load(open(os.path.join(models_dir(tmp_path, "tiny"), "best.json")))
+    tof = tb["val/TOF"]
+    assert (best["metric"], best["step"]) == ("tof", min(tof, key=tof.get))
+    assert best["value"] == pytest.approx(tof[best["step"]], rel=1e-6)
+    psnr = tb["val/PSNR"]
+    assert best["metrics"]["test/psnr"]["step"] == max(psnr, key=psnr.get)  # each metric in its own direction
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("vrt-tests")
@@ -134,6 +149,8 @@ def test_trackers_get_the_tensorboard_numbers_from_rank_0_and_a_resume_continues
     assert all(len(client.get_metric_history(run.info.run_id, tag)) == len(tb[tag]) for tag in tb)  # once each
     _same_numbers(history, tb, "mlflow")
     assert run.data.params["train.total_iter"] == "2" and run.data.params["netG.net_type"] == "videoconvbaseline"
+    images = [a.path for a in client.list_artifacts(run.info.run_id, "images")]
+    assert len([p for p in images if "val_lq_output_gt" in p and p.endswith(".png")]) == 2, images  # steps 2, 4
 
     runs = _wandb_runs(os.path.join(tmp_path, "experiments", "tiny", "wandb"))
     assert [r["id"] for r in runs] == [ids["wandb"], ids["wandb"]]  # one per launch (rank 0), the same run
@@ -143,6 +160,10 @@ def test_trackers_get_the_tensorboard_numbers_from_rank_0_and_a_resume_continues
             assert not set(values) & set(merged.get(tag, {})), tag
             merged.setdefault(tag, {}).update(values)
     assert sorted(runs[0]["history"]["train/G_loss"]) == [1, 2] and sorted(runs[1]["history"]["train/G_loss"]) == [3, 4]
+    strips = [r["images"]["val/lq_output_gt"] for r in runs]  # the validation strip: input | output | GT
+    assert [sorted(s) for s in strips] == [[2], [4]]
+    assert all(v["_type"] == "image-file" and (v["width"], v["height"]) == (3 * 64, 64) for s in strips
+               for v in s.values())
     _same_numbers(merged, tb, "wandb")
     assert runs[0]["config"]["train"]["total_iter"] == 2 and runs[1]["config"]["train"]["total_iter"] == 4
     assert runs[0]["config"]["logger"]["wandb"]["mode"] == "offline"
