@@ -24,6 +24,7 @@ from engine.resume import (
     resume_step,
     run_descriptor,
 )
+from engine.schedule_check import schedule_notes
 from engine.validate import Validation
 from models import memory_plan
 from models.net_io import InputMismatch, NetIO, net_io
@@ -178,6 +179,9 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     missing = missing_data_root(opt["datasets"])  # before anything is fetched, built or written
     if missing:
         raise ConfigError(missing)
+    schedule_warnings, schedule_error = schedule_notes(opt)
+    if schedule_error:
+        raise ConfigError(schedule_error)
     numerics = utils_numerics.apply_policy(bool(t_opt["deterministic"]), bool(t_opt["tf32"]), dist_info.device)
     start_step = resume_step(opt)
     trackers = utils_trackers.create_trackers(opt)  # a missing package stops the run here
@@ -225,6 +229,8 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
         on_ready()
     for line in run_summary(opt, model.net_g, {train_key_of(opt): train_set, **test_sets}):
         logger.info("%s", line)
+    for line in schedule_warnings:
+        logger.warning("%s", line)
     logger.info("Numerics: deterministic %s, TF32 %s, cuDNN benchmark %s, AMP %s, %d intra-op thread(s)",
                 "on" if numerics["deterministic"] else "off", "on" if numerics["tf32"] else "off",
                 "on" if numerics["cudnn_benchmark"] else "off", t_opt["amp"], torch.get_num_threads())

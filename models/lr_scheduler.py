@@ -33,6 +33,13 @@ def cosine_restart_position(step: int, period: int, mult: float) -> tuple[int, i
     return step - start, t_i
 
 
+def cosine_factor(step: int, period: int, mult: float) -> float:
+    """The share of ``base_lr - eta_min`` left at ``step`` of a cosine schedule with restarts (1 at a cycle's start,
+    0 at its end)."""
+    t_cur, t_i = cosine_restart_position(step, period, mult)
+    return (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+
 class ClosedFormLR:
     """Set every parameter group's LR from a closed-form schedule of the step.
 
@@ -68,8 +75,7 @@ class ClosedFormLR:
             return base_lr * self.gamma ** bisect.bisect_right(self.milestones, step)
         if base_lr == 0:
             return 0.0
-        t_cur, t_i = cosine_restart_position(step, self.periods, self.mult)
-        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+        return self.eta_min + (base_lr - self.eta_min) * cosine_factor(step, self.periods, self.mult)
 
     def set_step(self, step: int) -> None:
         """Set every group's LR for optimisation step ``step`` (call before the update)."""

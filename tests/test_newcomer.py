@@ -144,3 +144,49 @@ def test_a_misspelt_data_root_is_an_error_not_synthetic_data(tmp_path, capsys, m
     assert line.startswith("error: datasets.train.dataroot_gt = trainsets/REDS/")
     assert line.endswith("(nearest existing folder: .)")
     assert sorted(os.listdir(tmp_path)) == ["videos"]
+
+
+def test_keys_beyond_a_shortened_run_are_named_with_their_effect():
+    from engine.options import parse_options
+    from engine.schedule_check import schedule_notes
+
+    demo = os.path.join(ROOT, "options", "vrt", "000_train_vrt_realworld_demo.json")
+    opt = parse_options(demo, ["train.total_iter=60", "train.allow_no_adversarial_steps=true",
+                               "train.checkpoint_test=100", "train.checkpoint_save=61", "train.checkpoint_print=70",
+                               "train.fix_iter=80", "train.fix_keys=[\"spynet\"]", "train.G_scheduler_periods=240",
+                               "train.D_scheduler_type=MultiStepLR", "train.D_scheduler_milestones=[30, 90]"])
+    notes, error = schedule_notes(opt)
+    assert error is None
+    expected = [
+        "train.checkpoint_test = 100 is beyond train.total_iter = 60: no validation runs during this run",
+        "train.checkpoint_save = 61 is beyond train.total_iter = 60: only the last step (60) is saved",
+        "train.checkpoint_print = 70 is beyond train.total_iter = 60: the only training log line is the last step's",
+        "train.fix_iter = 80 is beyond train.total_iter = 60: the parameters of fix_keys ['spynet'] stay frozen",
+        # a quarter of the period: (1 + cos(pi / 4)) / 2 = 0.854 of the way is left
+        "train.G_scheduler_periods = 240 is beyond train.total_iter = 60: the cosine learning rate falls only 14.6% "
+        "of the way to eta_min",
+        "train.D_scheduler_milestones [90] are beyond train.total_iter = 60: the learning rate never decays there",
+        "train.gan_warmup_iter = 150 reaches train.total_iter = 60: every step trains G on the pixel (and "
+        "perceptual) losses alone; D never runs"]
+    assert len(notes) == len(expected)
+    for note, start in zip(notes, expected):
+        assert note.startswith(start), (note, start)
+    # nothing to say about the recipe as it is written
+    assert schedule_notes(parse_options(demo)) == ([], None)
+
+
+def test_a_gan_run_that_never_trains_g_adversarially_is_refused(tmp_path, capsys, monkeypatch):
+    demo = os.path.join(ROOT, "options", "vrt", "000_train_vrt_realworld_demo.json")
+    line = _error_line(capsys, ["--opt", demo, "--set", "train.total_iter=60"], tmp_path, monkeypatch)
+    assert line.startswith("error: this GAN run never trains G adversarially: its first adversarial step would be "
+                           "151 (train.gan_warmup_iter = 150, train.D_init_iters = 0, train.D_update_ratio = 1) and "
+                           "train.total_iter is 60;"), line
+    assert "train.allow_no_adversarial_steps=true" in line
+    assert os.listdir(tmp_path) == []  # refused before anything is written
+    from engine.options import parse_options
+    from engine.schedule_check import schedule_notes
+
+    # D_update_ratio: the first step after the warm-up that updates G is the next multiple of the ratio
+    opt = parse_options(demo, ["train.total_iter=151", "train.D_update_ratio=2"])
+    assert "its first adversarial step would be 152" in schedule_notes(opt)[1]
+    assert schedule_notes(parse_options(demo, ["train.total_iter=152", "train.D_update_ratio=2"]))[1] is None

@@ -204,6 +204,9 @@ SCHEMA: dict[str, Opt] = {
     "train.D_init_iters": Opt(int, 0, "Steps up to this train D alone (G is not updated), as KAIR."),
     "train.gan_warmup_iter": Opt(int, 0, "Steps up to this train G on the pixel and perceptual losses alone (D "
                                  "neither run nor updated): a pixel warm-up within one run."),
+    "train.allow_no_adversarial_steps": Opt(bool, False, "Let a GAN run end before G's first adversarial step "
+                                            "(`gan_warmup_iter`/`D_init_iters` at or beyond `total_iter`: the "
+                                            "warm-up alone); otherwise such a run is refused before it starts."),
     "train.D_param_strict": Opt(bool, True, "Load `path.pretrained_netD` strictly."),
     "train.D_optimizer_type": Opt(str, "adam", "Discriminator optimizer.", choices=("adam", "adamw")),
     "train.D_optimizer_lr": Opt(NUM, 1e-4, "Discriminator base learning rate."),
