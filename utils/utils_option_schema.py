@@ -116,6 +116,9 @@ SCHEMA: dict[str, Opt] = {
                                 "...}`), used only when the experiment has no checkpoint to resume."),
     "path.pretrained_optimizerD": Opt(OPT_STR, None, "Discriminator optimizer state to start from (when "
                                       "`train.D_optimizer_reuse` is true)."),
+    "path.metric_weights": Opt(str, "model_zoo/metrics", "Folder of the metric weight files (LPIPS, LPIPS-VGG, DISTS; "
+                               "docs/metrics.md#weights); rank 0 downloads a missing one (SHA-256-checked). Copy "
+                               "the folder to offline machines."),
     "path.task": Opt(OPT_STR, OPTIONAL, "Derived: `root/task`."),
     "path.log": Opt(OPT_STR, OPTIONAL, "Derived: the folder of `train.log`."),
     "path.options": Opt(OPT_STR, OPTIONAL, "Derived: where resolved copies of the options are saved."),
