@@ -14,7 +14,8 @@ none of which changes the fp32 numerics:
   (in chunks of about :data:`HEAD_PIXELS` LQ pixels, so long high-resolution clips do not hold every frame's
   high-resolution activations at once);
 * long clips (``T > cpu_cache_length``) on a non-CPU device keep features and flows on the CPU and compute on the
-  input's device, SpyNet included (the reference computes every flow of the clip on the device at once);
+  input's device, SpyNet included (the reference computes every flow of the clip on the device at once); the output
+  comes back on the input's device (the reference leaves it on the CPU);
 * inputs the reference would assert on but can compute (LQ frames between 33 and 63 pixels) are accepted; inputs
   it cannot compute are refused in one line (:meth:`BasicVSRPlusPlus.check_input`).
 
@@ -327,8 +328,10 @@ class BasicVSRPlusPlus(nn.Module):
             lqs: (N, T, 3, H, W) RGB in [0, 1]; see :meth:`check_input` for the sizes.
 
         Returns:
-            (N, T, 3, 4H, 4W) with ``is_low_res_input``, else (N, T, 3, H, W); on the CPU when the features were
-            cached there (T > cpu_cache_length on a non-CPU device), as in the reference.
+            (N, T, 3, 4H, 4W) with ``is_low_res_input``, else (N, T, 3, H, W), on the input's device: with the
+            features cached on the CPU (T > cpu_cache_length on a non-CPU device) the output chunks wait there and
+            come back in one copy (the reference returns them on the CPU, where a training loss meets its GT on the
+            GPU).
         """
         self.check_input(lqs)
         n, t, c, h, w = lqs.shape
@@ -363,4 +366,4 @@ class BasicVSRPlusPlus(nn.Module):
             hr = torch.cat([torch.stack([feats[k][i] for i in range(s, e)], 1).to(device) for k in feats], dim=2)
             out = self._head(hr.flatten(0, 1), lqs[:, s:e].flatten(0, 1))
             outputs.append(out.view(n, e - s, *out.shape[1:]).to(store))
-        return torch.cat(outputs, dim=1)
+        return torch.cat(outputs, dim=1).to(device)

@@ -401,16 +401,35 @@ def test_cpu_cache_mode_equals_the_plain_forward(low_res: bool, monkeypatch) -> 
         torch.testing.assert_close(c_grads[name], grad, atol=tol, rtol=0, msg=name)
 
 
+def test_cpu_cache_mode_returns_on_the_input_device() -> None:
+    """Training on a GPU with a clip past ``cpu_cache_length``: the features wait on the CPU, the output must come back
+    to the GPU, where the loss meets the GT. Without a GPU, the forward runs on fake tensors that carry a CUDA device
+    (FakeTensorMode: shapes and devices only, and an op that mixes devices fails as on a real GPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.backends.cudnn.flags(enabled=False):  # cuDNN's grid sampler has no fake kernel
+        with torch.device('cuda'):
+            net = _tiny()
+            net.cpu_cache_length = 2
+            x, gt = torch.rand(1, 3, 3, 36, 36), torch.rand(1, 3, 3, 144, 144)
+        out = net(x)
+        assert net.spynet.mean.device.type == 'cuda'
+        assert out.device == x.device and out.shape == gt.shape
+        loss = torch.sqrt((out - gt) ** 2 + 1e-9).mean()  # the training loss, on the GPU
+        assert loss.device == x.device
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
 @pytest.mark.parametrize('low_res', [True, False])
 def test_cpu_cache_mode_on_a_gpu(low_res: bool) -> None:
-    """The real thing: features and flows on the CPU, computation on the GPU, output on the CPU; torchvision's
+    """The real thing: features and flows on the CPU, computation and output on the GPU; torchvision's
     deform_conv2d accumulates with atomics there, hence the tolerances."""
     net = _tiny(is_low_res_input=low_res).cuda()
     size = 36 if low_res else 132
     x = torch.rand(1, 4, 3, size, size, generator=torch.Generator().manual_seed(4)).cuda()
     (out, x_grad, grads), (c_out, c_x_grad, c_grads) = _cached_and_plain(net, x, force=False)
+    assert net(x).device == x.device  # the cached mode's output comes back from the CPU
     torch.testing.assert_close(c_out, out, atol=1e-5, rtol=0)
     torch.testing.assert_close(c_x_grad, x_grad, atol=1e-6, rtol=0)
     for name, grad in grads.items():
