@@ -1,7 +1,8 @@
 """``main_test_vrt.py --onnx``: ONNX Runtime runs the exported network inside the same streaming, tiling, sharding,
 resume and metrics as the PyTorch path. A tiny VRT denoiser (noise-level map input, a graph with fixed height and
 width) restores a clip folder and a video file: per-clip PSNR within 0.01 dB and every frame within 1 grey level of
-the PyTorch evaluation, in one process and shared over two torchrun processes."""
+the PyTorch evaluation, in one process and shared over two torchrun processes; the video is also scored with VMAF
+(a per-clip metric pooled over segments restored by different processes), the same in one and two processes."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def workspace(tmp_path_factory):
 
 def _args(ws, kind: str, save: str, onnx: bool) -> list[str]:
     data = {"folders": ["--folder_lq", str(ws / "gt"), "--folder_gt", str(ws / "gt")],
-            "video": ["--folder_lq", str(ws / "video" / "walk.avi"), "--folder_gt", str(ws / "video" / "walk.avi")]}
+            "video": ["--folder_lq", str(ws / "video" / "walk.avi"), "--folder_gt", str(ws / "video" / "walk.avi"),
+                      "--metrics", "psnr", "ssim", "psnr_y", "ssim_y", "vmaf"]}
     return ["--opt", str(ws / "opt.json"), *data[kind], "--sigma", "30", "--save_result", "--num_workers", "0",
             "--segment_frames", "2", "--save_dir", str(ws / save), *(["--onnx", str(ws / "vrt.onnx")] if onnx else [])]
 
@@ -120,8 +122,11 @@ def test_onnx_evaluation_of_a_video_equals_pytorch_in_one_and_two_processes(work
     # the two processes shared the segments and give what one process gives, bit for bit
     one, both = _frames(ws / "video_onnx"), _frames(ws / "video_onnx2")
     assert len(one) == 5 and all(np.array_equal(one[k], both[k]) for k in one)
+    for name in ("metrics.csv", "clips.csv"):  # VMAF included: its clip pooled over segments of both processes
+        assert (ws / "video_onnx" / name).read_bytes() == (ws / "video_onnx2" / name).read_bytes(), name
+    assert "vmaf" in (ws / "video_onnx2" / "clips.csv").read_text().splitlines()[0]
     markers = [json.loads(p.read_text()) for p in (ws / "video_onnx2" / ".eval_state").rglob("*.json")
-               if p.name != "video.json"]
+               if p.name not in ("video.json", "vmaf.json")]
     assert {m["rank"] for m in markers} == {0, 1}
 
 
