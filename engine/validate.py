@@ -169,12 +169,14 @@ def set_prefix(key: str) -> str:
     return f"val{key[len('test'):]}/"
 
 
-def _clip_outputs(test_set: Dataset, vfi: bool, center_frame_only: bool) -> list[tuple[str, int, bool]]:
-    """``(clip, output frames, has ground truth)`` of every item, from lazy items where the set has them (nothing
-    decoded), else from the items themselves (under a fixed seed that leaves the random streams alone)."""
+def _clip_outputs(test_set: Dataset, vfi: bool, center_frame_only: bool,
+                  every: bool) -> list[tuple[str, int, bool]]:
+    """``(clip, output frames, has ground truth)`` of every item (``every``; else of the first), from lazy items
+    where the set has them (nothing decoded), else from the items themselves (under a fixed seed that leaves the
+    random streams alone)."""
     lazy = getattr(test_set, "lazy_item", None)
     out = []
-    for index in range(len(test_set)):  # type: ignore[arg-type]
+    for index in range(len(test_set) if every else min(1, len(test_set))):  # type: ignore[arg-type]
         if lazy is not None:
             item = lazy(index)
         else:
@@ -299,7 +301,8 @@ class Validation:
         if val["best_metric"] not in {s.name for s in specs}:
             raise MetricError(f"val.best_metric {val['best_metric']!r} is not one of val.metrics "
                               f"({', '.join(s.name for s in specs)}): add it there or pick one of them")
-        clips = {k: _clip_outputs(d, vfi, bool(val["center_frame_only"])) for k, d in test_sets.items()}
+        every = any(s.min_frames > 1 for s in specs)  # clip lengths matter: look at every clip (else the first)
+        clips = {k: _clip_outputs(d, vfi, bool(val["center_frame_only"]), every) for k, d in test_sets.items()}
         has_gt = {k: bool(c) and all(g for _, _, g in c) for k, c in clips.items()}
         for key, items in clips.items():
             for clip, frames, gt in items:
