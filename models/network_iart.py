@@ -21,11 +21,13 @@ Differences from the official code, none of which changes the fp32 numerics (equ
   input's device, in training too; the output comes back on the input's device (the official returns it on the
   CPU, and fails on a mirror-extended clip in that mode);
 * the mirror-extension test is done per forward (the official sets a flag once and never resets it);
-* window attention through ``F.scaled_dot_product_attention`` (:func:`models.layers_sdpa.attention`) with the
-  shared cached shift masks; the implicit alignment gathers the 2x2 neighbours with one ``index_select`` (the
-  official ``gather``\\s a copy of the index per channel) and attends over them with elementwise products (one query,
-  four keys per pixel); sampling positions and offsets are computed in fp32 under autocast (bf16 cannot hold pixel
-  coordinates), SpyNet runs in fp32 with autocast off;
+* window attention through ``F.scaled_dot_product_attention`` (:func:`models.layers_sdpa.attention`); shifted
+  windows are gathered (shift, partition and grouping by mask pattern in one ``index_select``) and each group of
+  windows attends with its pattern broadcast, instead of a (windows x heads x N x N) bias; the implicit alignment
+  gathers the 2x2 neighbours with one ``index_select`` (the official ``gather``\\s a copy of the index per channel)
+  and attends over them with elementwise products (one query, four keys per pixel); sampling positions and
+  offsets are computed in fp32 under autocast (bf16 cannot hold pixel coordinates), SpyNet runs in fp32 with
+  autocast off;
 * only the previous branch's features are kept while a branch runs (the official keeps all four lists), and the
   head runs over many frames at once;
 * activation checkpointing (``use_checkpoint``, per branch, as the official) is non-reentrant: it works under DDP
@@ -44,7 +46,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -185,6 +189,56 @@ class ImplicitWarp(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ Swin transformer
+class ShiftedWindows(NamedTuple):
+    """How the tokens of one padded size go into shifted windows, grouped by mask pattern.
+
+    One ``index_select`` does the cyclic shift, the window partition and the grouping: the windows of a group are
+    consecutive, and each group attends with ``bias + its pattern`` broadcast over its windows (the fused kernel's
+    fast form: a few patterns, the windows inside the frame having none, instead of a (windows x heads x N x N) bias
+    and its gradient). Another ``index_select`` puts the tokens back.
+
+    Attributes:
+        gather: (B * D * H * W,) token rows of (B, D, H, W, C) in window order (shifted, partitioned, grouped).
+        scatter: the inverse permutation.
+        groups: ``(windows, pattern)`` of each group in order; pattern (N, N) additive (0 / -100), ``None`` for none.
+    """
+
+    gather: Tensor
+    scatter: Tensor
+    groups: list[tuple[int, Tensor | None]]
+
+
+_SHIFTED: OrderedDict[tuple, ShiftedWindows] = OrderedDict()
+_SHIFTED_MAX = 32
+
+
+def shifted_windows(size: tuple[int, int, int], window: tuple[int, int, int], shift: tuple[int, int, int],
+                    batch: int, device: torch.device) -> ShiftedWindows:
+    """The :class:`ShiftedWindows` of ``batch`` samples of a padded ``size`` (multiples of ``window``), cached per
+    size: the masks are :func:`models.layers_attention.compute_mask`'s, grouped on the CPU."""
+    key = (size, window, shift, batch, device)
+    if key in _SHIFTED:
+        _SHIFTED.move_to_end(key)
+        return _SHIFTED[key]
+    with torch.inference_mode(False), torch.device('cpu'):  # one made in validation serves training after it
+        mask = compute_mask(*size, window, shift, torch.device('cpu'))
+        nw, n = mask.shape[:2]
+        unique, inverse = torch.unique(mask.flatten(1), dim=0, return_inverse=True)
+        per_window = inverse.repeat(batch)  # group of each window of the batch
+        order = torch.argsort(per_window, stable=True)
+        tokens = torch.arange(batch * math.prod(size)).view(batch, *size, 1)
+        tokens = torch.roll(tokens, shifts=tuple(-s for s in shift), dims=(1, 2, 3))
+        gather = window_partition(tokens, window).view(batch * nw, n).index_select(0, order).flatten()
+        counts = torch.bincount(per_window, minlength=len(unique)).tolist()
+        groups = [(count, row.view(n, n).to(device) if row.any() else None)
+                  for count, row in zip(counts, unique) if count]
+        entry = ShiftedWindows(gather.to(device), torch.argsort(gather).to(device), groups)
+    _SHIFTED[key] = entry
+    if len(_SHIFTED) > _SHIFTED_MAX:
+        _SHIFTED.popitem(last=False)
+    return entry
+
+
 class WindowAttention3D(nn.Module):
     """Window self-attention with a relative position bias (the official's names: ``qkv``, ``proj``,
     ``relative_position_bias_table``, ``relative_position_index``).
@@ -209,27 +263,37 @@ class WindowAttention3D(nn.Module):
         self.proj = nn.Linear(dim, dim)
         trunc_normal_(self.relative_position_bias_table, std=0.02)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x: (B * nW, N, C) window tokens; mask: (nW, N, N) shift mask (0 / -100) or None -> (B * nW, N, C)."""
+    def forward(self, x: Tensor, groups: Sequence[tuple[int, Tensor | None]] = ()) -> Tensor:
+        """Attention inside each window.
+
+        Args:
+            x: (B * nW, N, C) window tokens.
+            groups: ``(windows, pattern)`` of consecutive groups of windows (shifted windows: each group's shift
+                mask); empty: no mask.
+
+        Returns:
+            (B * nW, N, C).
+        """
         b_, n, c = x.shape
         h = self.num_heads
         q, k, v = self.qkv(x).view(b_, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)  # (B_, h, N, hd)
         # index_select: a backward that sums in a fixed order (advanced indexing accumulates with atomics)
         index = self.relative_position_index[:n, :n].reshape(-1)
         bias = self.relative_position_bias_table.index_select(0, index).view(n, n, h).permute(2, 0, 1)[None]
-        if torch.onnx.is_in_onnx_export():  # bias and mask added apart: no per-window constant folded in the graph
-            scores = (q * self.scale) @ k.transpose(-2, -1) + bias
-            if mask is not None:
-                scores = (scores.view(-1, mask.shape[0], h, n, n) + mask[:, None]).view(b_, h, n, n)
-            out = scores.softmax(dim=-1) @ v
-        elif mask is None:
-            out = attention(q, k, v, bias.to(q.dtype), self.scale)
-        else:  # windows folded into the head axis: one mask broadcast over the batch (the fused kernels' form)
-            nw = mask.shape[0]
-            full = (bias + mask[:, None]).reshape(1, nw * h, n, n).to(q.dtype)
-            fold = (b_ // nw, nw * h, n, c // h)
-            out = attention(q.reshape(fold), k.reshape(fold), v.reshape(fold), full, self.scale).view(b_, h, n, -1)
+        if not groups:
+            out = self._attend(q, k, v, bias)
+        else:
+            sizes = [count for count, _ in groups]
+            outs = [self._attend(qg, kg, vg, bias if pattern is None else bias + pattern)
+                    for qg, kg, vg, (_, pattern) in zip(q.split(sizes), k.split(sizes), v.split(sizes), groups)]
+            out = torch.cat(outs)
         return self.proj(out.transpose(1, 2).reshape(b_, n, c))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+        """(B, h, N, hd) each, bias (1, h, N, N) broadcast over B -> (B, h, N, hd)."""
+        if torch.onnx.is_in_onnx_export():  # the fused call's ONNX form would fold an expanded bias per block
+            return ((q * self.scale) @ k.transpose(-2, -1) + bias).softmax(dim=-1) @ v
+        return attention(q, k, v, bias.to(q.dtype), self.scale)
 
 
 class SwinBlock(nn.Module):
@@ -255,24 +319,28 @@ class SwinBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
-    def _attn_part(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        b, t, h, w, _ = x.shape
+    @property
+    def shifted(self) -> bool:
+        return any(s > 0 for s in self.shift_size)
+
+    def _attn_part(self, x: Tensor, shifted: ShiftedWindows | None) -> Tensor:
+        b, t, h, w, c = x.shape
         x = self.norm1(x)
         pads = [(ws - n % ws) % ws for n, ws in zip((t, h, w), self.window_size)]
         if any(pads):
             x = F.pad(x, (0, 0, 0, pads[2], 0, pads[1], 0, pads[0]))
-        shifted = any(s > 0 for s in self.shift_size)
-        if shifted:
-            x = torch.roll(x, shifts=tuple(-s for s in self.shift_size), dims=(1, 2, 3))
-        windows = self.attn(window_partition(x, self.window_size), mask if shifted else None)
-        x = window_reverse(windows, self.window_size, b, t + pads[0], h + pads[1], w + pads[2])
-        if shifted:
-            x = torch.roll(x, shifts=self.shift_size, dims=(1, 2, 3))
+        size = (b, t + pads[0], h + pads[1], w + pads[2])
+        if self.shifted and shifted is not None:
+            n = math.prod(self.window_size)
+            windows = x.reshape(-1, c).index_select(0, shifted.gather).view(-1, n, c)
+            x = self.attn(windows, shifted.groups).reshape(-1, c).index_select(0, shifted.scatter).view(*size, c)
+        else:
+            x = window_reverse(self.attn(window_partition(x, self.window_size)), self.window_size, *size)
         return x[:, :t, :h, :w] if any(pads) else x
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x: (B, T, H, W, C); mask: shift mask of the padded size -> (B, T, H, W, C)."""
-        x = x + self.drop_path(self._attn_part(x, mask))
+    def forward(self, x: Tensor, shifted: ShiftedWindows | None) -> Tensor:
+        """x: (B, T, H, W, C); shifted: the shifted windows of the padded size -> (B, T, H, W, C)."""
+        x = x + self.drop_path(self._attn_part(x, shifted))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
@@ -294,13 +362,13 @@ class SwinBlocks(nn.Module):
             SwinBlock(dim, num_heads, window_size, (0, 0, 0) if i % 2 == 0 else shift, mlp_ratio, drop_path[i])
             for i in range(depth)])
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, shifted: ShiftedWindows | None) -> Tensor:
         """x: (B, T, H, W, C) -> (B, T, H, W, C)."""
         for blk in self.blocks:
             if self.use_checkpoint and torch.is_grad_enabled():
-                x = checkpoint(blk, x, mask, use_reentrant=False)
+                x = checkpoint(blk, x, shifted, use_reentrant=False)
             else:
-                x = blk(x, mask)
+                x = blk(x, shifted)
         return x
 
 
@@ -317,10 +385,10 @@ class ResidualGroup(nn.Module):
         self.residual_group = SwinBlocks(dim, depth, num_heads, window_size, mlp_ratio, drop_path, use_checkpoint)
         self.conv = nn.Conv2d(dim, dim, 3, 1, 1)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, shifted: ShiftedWindows | None) -> Tensor:
         """x: (B, T, H, W, C) -> (B, T, H, W, C)."""
         b, t, h, w, c = x.shape
-        y = self.residual_group(x, mask).reshape(b * t, h, w, c).permute(0, 3, 1, 2)  # channels-last memory
+        y = self.residual_group(x, shifted).reshape(b * t, h, w, c).permute(0, 3, 1, 2)  # channels-last memory
         return x + self.conv(y).permute(0, 2, 3, 1).reshape(b, t, h, w, c)
 
 
@@ -402,10 +470,10 @@ class PropagationTransformer(nn.Module):
             x = conv(x.reshape(n * t, c, h, w)).view(n, t, -1, h, w)
         center = x[:, t // 2]
         tokens = self.patch_embed(x.permute(0, 1, 3, 4, 2))  # (N, T, H, W, C)
-        padded = [math.ceil(s / ws) * ws for s, ws in zip((t, h, w), self.window_size)]
-        mask = compute_mask(*padded, self.window_size, self.shift_size, x.device)
+        padded = tuple(math.ceil(s / ws) * ws for s, ws in zip((t, h, w), self.window_size))
+        shifted = shifted_windows(padded, self.window_size, self.shift_size, n, x.device)
         for layer in self.layers:
-            tokens = layer(tokens, mask)
+            tokens = layer(tokens, shifted)
         feat = self.norm(tokens[:, t // 2]).permute(0, 3, 1, 2)  # only the centre frame is read
         return self.conv_after_body(feat) + center
 
