@@ -15,6 +15,7 @@ from utils import utils_checkpoint as ckpt
 from utils import utils_dist
 from utils.utils_dataloader import auto_accum_steps
 from utils.utils_dist import DistInfo
+from utils.utils_option_schema import SCHEMA
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +150,23 @@ def inexact_resume_reasons(saved: dict[str, Any] | None, current: dict[str, Any]
         if saved.get(key) != current.get(key):
             reasons.append(f"the {label} changed ({saved.get(key)} -> {current.get(key)})")
     for section, label in (("train", "train"), ("dataset", "datasets.train")):
-        changed = sorted(k for k in set(saved[section]) | set(current[section])
-                         if saved[section].get(k) != current[section].get(k))
+        changed = _changed_keys(saved[section], current[section], section)
         if changed:
             reasons.append(f"the '{label}' section changed ({', '.join(changed)})")
     return reasons
+
+
+def _changed_keys(saved: dict[str, Any], current: dict[str, Any], section: str) -> list[str]:
+    """Keys whose values differ. A ``train`` key that one side lacks (the checkpoint predates it) counts as its
+    schema default there: adding a key whose default keeps the old behaviour does not make old checkpoints
+    inexact."""
+    absent = object()
+
+    def value(values: dict[str, Any], key: str) -> Any:
+        spec = SCHEMA.get(f"train.{key}") if section == "train" else None
+        return values.get(key, spec.default if spec is not None else absent)
+
+    return sorted(k for k in set(saved) | set(current) if value(saved, k) != value(current, k))
 
 
 def epoch_items(state: dict[str, Any], per_process: int) -> int:
