@@ -220,8 +220,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
     validation = None
     if test_sets:
         try:
-            validation = Validation(opt, test_sets, dist_info.device, net_io(model.net_g).frame_interpolation,
-                                    train_state.get("best"))
+            validation = Validation(opt, test_sets, dist_info.device, net_io(model.net_g), train_state.get("best"))
         except MetricError as exc:
             raise ConfigError(str(exc)) from exc
     tracker_ids = utils_trackers.start_trackers(trackers, train_state.get("trackers"), opt)

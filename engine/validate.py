@@ -8,6 +8,7 @@ as a single-process validation. Inference runs on the bare or EMA network, never
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import os
@@ -32,7 +33,7 @@ from engine.scoring import (
     tag,
     testing_lines,
 )
-from models.net_io import net_io
+from models.net_io import NetIO, net_io
 from utils import utils_dist
 from utils.metrics import check_clip_length
 from utils.utils_dataloader import seeded_rng
@@ -284,7 +285,7 @@ class Validation:
         opt: the parsed options.
         test_sets: ``{key: dataset}`` of the ``datasets.test*`` sections, in order.
         device: where the metric networks run (the training device).
-        vfi: the network interpolates frames (one output frame per clip).
+        io: what the network eats and gives (scale; one output frame per clip for frame interpolation).
         state: the ``'best'`` entry of the checkpoint being resumed.
 
     Raises:
@@ -292,7 +293,7 @@ class Validation:
             or with the wrong SHA-256, vmaf without libvmaf).
     """
 
-    def __init__(self, opt: dict[str, Any], test_sets: dict[str, Dataset], device: torch.device, vfi: bool,
+    def __init__(self, opt: dict[str, Any], test_sets: dict[str, Dataset], device: torch.device, io: NetIO,
                  state: dict[str, Any] | None = None) -> None:
         val = opt["val"]
         self.opt, self.sets = opt, test_sets
@@ -302,14 +303,48 @@ class Validation:
             raise MetricError(f"val.best_metric {val['best_metric']!r} is not one of val.metrics "
                               f"({', '.join(s.name for s in specs)}): add it there or pick one of them")
         every = any(s.min_frames > 1 for s in specs)  # clip lengths matter: look at every clip (else the first)
+        vfi = io.frame_interpolation
         clips = {k: _clip_outputs(d, vfi, bool(val["center_frame_only"]), every) for k, d in test_sets.items()}
         has_gt = {k: bool(c) and all(g for _, _, g in c) for k, c in clips.items()}
         for key, items in clips.items():
             for clip, frames, gt in items:
                 check_clip_length([s for s in specs if gt or not s.needs_gt], frames, f"datasets.{key}: {clip}")
         self.scoring = Scoring(specs, device, opt["path"].get("metric_weights"))
+        self.set_scoring = {k: self._fitting(k, d, io, has_gt[k]) for k, d in test_sets.items()}
         self.best = BestSoFar(val["best_metric"], has_gt, state)
         self.baselines_logged: set[str] = set()
+
+    def _fitting(self, key: str, data: Dataset, io: NetIO, has_gt: bool) -> Scoring:
+        """The metrics that can score this set's frames: each is tried on the input baseline of the first two frames
+        of the set's first clip, and one that refuses their size (NIQE below 96 x 96, tOF/tLP below 48 x 48) is left
+        out for this set, with one warning; the others keep it."""
+        if not len(data):  # type: ignore[arg-type]
+            return self.scoring
+        lazy = getattr(data, "lazy_item", None)
+        if lazy is not None:
+            item = lazy(0)
+            lq = torch.stack(list(itertools.islice(item["L"].frames(0), 2)))
+            gt = torch.stack(list(itertools.islice(item["H"].frames(0), 2))) if item.get("H") is not None else None
+        else:
+            with seeded_rng(0):
+                item = data[0]
+            lq, gt = item["L"][:2], (item["H"][:2] if item.get("H") is not None else None)
+        out = InputBaseline(io.scale, io.frame_interpolation).infer(lq[None])[0]
+        gt = gt[: out.shape[0]] if gt is not None and has_gt else None
+        keep = []
+        for spec in self.scoring.specs:
+            if spec.needs_gt and gt is None:
+                keep.append(spec.name)  # never computed on this set (no ground truth)
+                continue
+            try:
+                self.scoring.subset([spec.name]).score_clip(out, gt)  # type: ignore[union-attr]
+                keep.append(spec.name)
+            except MetricError as exc:
+                if utils_dist.get_rank() == 0:
+                    logger.warning("val.metrics: %s is left out on datasets.%s (%s)", spec.name, key, exc)
+        if len(keep) == len(self.scoring.specs):
+            return self.scoring
+        return self.scoring.subset(keep) or Scoring([], self.scoring.device, fetch=False)
 
     def write_best(self, saved: Any) -> None:
         """Rewrite ``models/best.json`` from the best so far (e.g. from a resumed checkpoint's state)."""
@@ -330,13 +365,14 @@ class Validation:
                 logger.info("Validation on datasets.%s (%d clip%s):", key, len(data), "s" if len(data) != 1 else "")
             if key not in self.baselines_logged:
                 base = validate(InputBaseline(io.scale, io.frame_interpolation), data, step=step, epoch=epoch,
-                                save_img=False, images_dir="", tb=None, quiet=True, scoring=self.scoring)
+                                save_img=False, images_dir="", tb=None, quiet=True, scoring=self.set_scoring[key])
                 if base is not None:
-                    logger.info("%s", baseline_text(base, self.scoring.specs))
+                    logger.info("%s", baseline_text(base, self.set_scoring[key].specs))
                 self.baselines_logged.add(key)
             images = paths["images"] if not position else os.path.join(paths["images"], key)
             results[key] = validate(model, data, step=step, epoch=epoch, save_img=val["save_img"], images_dir=images,
-                                    tb=tb, tb_images=val["tb_images"], scoring=self.scoring, prefix=set_prefix(key))
+                                    tb=tb, tb_images=val["tb_images"], scoring=self.set_scoring[key],
+                                    prefix=set_prefix(key))
         self.best.update(results, step)
         for line in self.best.lines(results, self.models_dir):
             logger.info("%s", line)

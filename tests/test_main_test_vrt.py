@@ -119,19 +119,24 @@ def test_folders_with_checkpoint_and_tiling(workspace) -> None:
     _check_printed_psnr(proc.stdout, str(save_dir), gts)
 
 
-def test_video_file_with_checkpoint(workspace) -> None:
+def test_video_file_with_checkpoint(workspace, caplog, monkeypatch) -> None:
+    """In this process (the entry script itself runs in the test above)."""
     tmp = workspace["tmp"]
     save_dir = tmp / "video_results"
-    proc = _run_cli(["--opt", workspace["opt"], "--folder_lq", str(tmp / "videos_lq" / "walk.avi"),
-                     "--folder_gt", str(tmp / "videos_gt" / "walk.avi"), "--num_workers", "0", "--save_result",
-                     "--save_video", "--save_dir", str(save_dir), "--device", "cpu"], cwd=tmp)
-    assert "loading model from" in proc.stdout and "5_G.pth" in proc.stdout  # newest checkpoint of --opt
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    with caplog.at_level(logging.INFO):
+        assert utils_test.main(["--opt", workspace["opt"], "--folder_lq", str(tmp / "videos_lq" / "walk.avi"),
+                                "--folder_gt", str(tmp / "videos_gt" / "walk.avi"), "--num_workers", "0",
+                                "--save_result", "--save_video", "--save_dir", str(save_dir), "--device", "cpu"]) == 0
+    log = "\n".join(r.getMessage() for r in caplog.records)
+    assert "loading model from" in log and "5_G.pth" in log  # newest checkpoint of --opt
     assert sorted(os.listdir(save_dir / "walk")) == ["00000000.png", "00000001.png", "00000002.png"]
     restored, fps = read_video(str(save_dir / "walk.mp4"))  # H.264, with the input's frame rate and audio
     assert restored.shape == (3, 3, 192, 192) and fps == FPS
     assert b"".join(audio_packets(str(save_dir / "walk.mp4"))) == b"".join(audio_packets(str(tmp / "walk.wav")))
     gt, _ = read_video(str(tmp / "videos_gt" / "walk.avi"))
-    _check_printed_psnr(proc.stdout, str(save_dir), {"walk": [g.permute(1, 2, 0).numpy() for g in gt]})
+    _check_printed_psnr(log, str(save_dir), {"walk": [g.permute(1, 2, 0).numpy() for g in gt]})
 
 
 def test_missing_released_model_is_one_clear_error(tmp_path, monkeypatch, caplog) -> None:

@@ -7,9 +7,7 @@ the page."""
 from __future__ import annotations
 
 import base64
-import copy
 import csv
-import json
 import logging
 import os
 import re
@@ -23,9 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import evaluate
-from models.network_baseline import VideoConvBaseline
-from tests.support.footage import downscale, pan, write_clip
-from tests.support.helpers import TINY_OPT
+from tests.support.footage import conv_baseline, downscale, pan, write_clip
 from utils.metrics import METRICS
 from utils.utils_image import imread_rgb
 
@@ -40,12 +36,7 @@ METRIC_NAMES = ["psnr", "ssim", "psnr_y", "ssim_y", "niqe", "tof"]
 def evaluated(tmp_path_factory):
     """A x4 conv baseline restores two panned photographs (6 and 5 frames, 192 x 192) with ``--report``."""
     tmp = tmp_path_factory.mktemp("report")
-    opt = copy.deepcopy(TINY_OPT)
-    opt["val"] = {"num_frame_testing": 0, "size_patch_testing": 0}
-    opt["path"]["root"] = str(tmp / "experiments")
-    (tmp / "opt.json").write_text(json.dumps(opt))
-    torch.manual_seed(0)
-    torch.save({"params": VideoConvBaseline(upscale=4, num_feat=8, num_block=1).state_dict()}, tmp / "w.pth")
+    flags = conv_baseline(str(tmp))
     for clip, photo, frames in (("astronaut", "astronaut", 6), ("coffee", "coffee", 5)):
         gt = pan(photo, frames, (192, 192), start=(40, 60))
         write_clip(str(tmp / "gt"), clip, gt)
@@ -53,7 +44,7 @@ def evaluated(tmp_path_factory):
     save = tmp / "out"
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         os.environ.pop(key, None)
-    code = evaluate.main(["--opt", str(tmp / "opt.json"), "--model_path", str(tmp / "w.pth"), "--folder_lq",
+    code = evaluate.main([*flags, "--folder_lq",
                           str(tmp / "lq"), "--folder_gt", str(tmp / "gt"), "--metrics", *METRIC_NAMES,
                           "--save_result", "--report", "--num_workers", "0", "--device", "cpu", "--save_dir",
                           str(save)])

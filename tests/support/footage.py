@@ -42,3 +42,23 @@ def write_footage(path: str, frames: torch.Tensor, fps: int = 25) -> str:
     """``frames`` as an H.264 video (B-frames, 4:2:0) at ``path``: footage as a camera or phone leaves it."""
     write_video(path, frames, fps=fps, codec="h264", crf=18)
     return path
+
+
+def conv_baseline(folder) -> list[str]:
+    """A x4 convolutional baseline (seeded weights) and an option file of it (whole clips, whole frames) in
+    ``folder``; returns the ``--opt``/``--model_path`` flags of ``main_test_vrt.py``."""
+    import copy
+    import json
+
+    from models.network_baseline import VideoConvBaseline
+    from tests.support.helpers import TINY_OPT
+
+    opt = copy.deepcopy(TINY_OPT)
+    opt["val"] = {"num_frame_testing": 0, "size_patch_testing": 0}
+    opt["path"]["root"] = os.path.join(folder, "experiments")
+    with open(os.path.join(folder, "opt.json"), "w") as f:
+        json.dump(opt, f)
+    torch.manual_seed(0)
+    torch.save({"params": VideoConvBaseline(upscale=4, num_feat=8, num_block=1).state_dict()},
+               os.path.join(folder, "w.pth"))
+    return ["--opt", os.path.join(folder, "opt.json"), "--model_path", os.path.join(folder, "w.pth")]
