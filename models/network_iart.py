@@ -681,7 +681,10 @@ class IART(nn.Module):
             feats = self.propagate(feats, flows_backward if name.startswith('backward') else flows_forward, name,
                                    device)
 
-        head_chunks = [(s, min(s + frames, t)) for s in range(0, t, frames)]
+        # in training a frame at a time: autograd keeps every frame's activations anyway, and the gradients of one
+        # frame's high-resolution layers at a time are the backward's largest transient
+        step = 1 if torch.is_grad_enabled() else frames
+        head_chunks = [(s, min(s + step, t)) for s in range(0, t, step)]
         outputs = []
         for s, e in head_chunks:
             hr = torch.stack(feats[s:e], 1).to(device).flatten(0, 1)

@@ -28,17 +28,17 @@ from utils.utils_image import imwrite_rgb
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'iart'
 CASES = ('second_order', 'mirror', 'cache')
-# fp32 output atol: measured against the official at one thread (Intel Xeon, AVX-512): 1.2e-7 (second_order), ...;
-# an AVX2 machine rounds its kernels differently (other families measured up to 4x more there), hence 2e-6, still 5x
-# inside the 1e-5 the issue asks for
+# fp32 output atol: measured against the official at one thread (Intel Xeon, AVX-512): 6.0e-8 in all three cases; an
+# AVX2 machine rounds its kernels differently (other families measured up to 4x more there), hence 2e-6, still 5x
+# inside the 1e-5 the issue asks for. float64: measured 1.1e-16.
 OUT_ATOL = 2e-6
 STATS_ATOL = 1e-6
 FP64_ATOL = 1e-12
-# gradient tolerances relative to each tensor's largest entry: both fp32 runs differ from the exact (fp64) gradient;
-# measured (ours and the official against our fp64, Intel Xeon, one thread): SpyNet 3.7e-4 each (sums of cancelling
-# terms through bilinear sampling), the input 7.3e-5 / 8.5e-5, the rest up to 3.5e-5 / 9.9e-5 (the head's weights sum
-# over frames in another order); tolerance about 2x the sum
-GRAD_REL = {'spynet': 1.5e-3, 'input': 4e-4, 'other': 3e-4}
+# gradient tolerances relative to each tensor's largest entry. Measured against the official (fp32 both, Intel Xeon,
+# one thread): input 3.4e-5; SpyNet 2.3e-4 (sums of cancelling terms through bilinear sampling); the relative-position
+# bias tables of shifted blocks 2.0e-4 (summed over windows in another order), the rest below; each against the exact
+# (our fp64) gradient: SpyNet 3.7e-4, input 8.5e-5, the rest 1e-4. Tolerances about 3x the measured differences.
+GRAD_REL = {'spynet': 1.5e-3, 'input': 4e-4, 'other': 6e-4}
 # the gradient of the keys' bias is zero in exact arithmetic (softmax ignores a shift shared by all keys): rounding
 # noise of 1e-22 whose relative size means nothing
 EXACT_ZERO = ('implicit_warp.k.bias',)
@@ -96,7 +96,9 @@ def test_golden_matches_official(case: str) -> None:
     err = (x.grad[..., ::s, ::s] - data['input_grad_sub']).abs().max() / data['input_grad_scale']
     assert err <= GRAD_REL['input'], f'{case}: input gradient differs by {err:.2e} of its largest entry'
     params = dict(net.named_parameters())
-    assert {k for k, p in params.items() if p.grad is not None} == set(data['grads'])  # the same parameters learn
+    # the same parameters learn: all that require a gradient get one (DDP without find_unused_parameters needs that)
+    assert {k for k, p in params.items() if p.grad is not None} == set(data['grads']) == \
+        {k for k, p in params.items() if p.requires_grad}
     for name, rec in data['grads'].items():
         if name in EXACT_ZERO:
             continue
@@ -117,15 +119,14 @@ def test_golden_fp64_matches_official() -> None:
     assert abs(out.square().mean().item() - data['loss']) <= FP64_ATOL
 
 
-def test_unused_parameters_need_no_gradient_and_every_other_one_gets_one() -> None:
-    """The official builds convolutions it never runs; they keep their names, but DDP (without
-    find_unused_parameters) must see a gradient for every parameter that requires one."""
+def test_unused_parameters_need_no_gradient() -> None:
+    """The official builds convolutions it never runs; they keep their names but do not require gradients, so DDP
+    needs no find_unused_parameters (the golden tests check that every other parameter gets a gradient, as the
+    official's do)."""
     net = _tiny(embed_dim=12, num_heads=[2])
     frozen = {k for k, p in net.named_parameters() if not p.requires_grad}
     assert frozen == {f'swin_backbone.{b}.{m}.{w}' for b in iart_mod.BRANCHES
                       for m in ('conv_first', 'conv_first_feat', 'conv_before_upsample') for w in ('weight', 'bias')}
-    net(torch.rand(1, 3, 3, 64, 64, generator=torch.Generator().manual_seed(0))).mean().backward()
-    assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
     sixty_four = PropagationTransformer(3, 64, [1], [2], [3, 4, 4])
     assert sixty_four.conv_first_feat.weight.requires_grad  # the official runs it on 64-channel features
 
