@@ -12,8 +12,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from engine.evaluate import main
+if __name__ == "__main__":  # before torch starts its OpenMP runtime, which reads these once (utils/utils_openmp.py)
+    from utils.utils_openmp import EVAL_SETTINGS, choose_wait_policy
+
+    OPENMP_NOTE = choose_wait_policy(EVAL_SETTINGS)
+
+from engine.evaluate import main  # noqa: E402
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    logging.getLogger(__name__).debug("%s", OPENMP_NOTE)
     sys.exit(main())

@@ -15,14 +15,21 @@ import logging
 import os
 import sys
 
-from engine.options import log_kair_notes, parse_options
-from engine.resume import ResumeError
-from engine.train import ConfigError, train
-from models.model_plain import NonFiniteLossError
-from utils import utils_dist, utils_numerics, utils_option
-from utils.utils_checkpoint import CheckpointError
-from utils.utils_dataloader import BatchSplitError, DataLoaderStallError
-from utils.utils_logger import FILE_ONLY, setup_logger
+if __name__ == "__main__":  # before torch starts its OpenMP runtime, which reads these once (utils/utils_openmp.py)
+    from utils.utils_openmp import TRAIN_SETTINGS, choose_wait_policy
+
+    OPENMP_NOTE: str | None = choose_wait_policy(TRAIN_SETTINGS)
+else:
+    OPENMP_NOTE = None
+
+from engine.options import log_kair_notes, parse_options  # noqa: E402
+from engine.resume import ResumeError  # noqa: E402
+from engine.train import ConfigError, train  # noqa: E402
+from models.model_plain import NonFiniteLossError  # noqa: E402
+from utils import utils_dist, utils_numerics, utils_option  # noqa: E402
+from utils.utils_checkpoint import CheckpointError  # noqa: E402
+from utils.utils_dataloader import BatchSplitError, DataLoaderStallError  # noqa: E402
+from utils.utils_logger import FILE_ONLY, setup_logger  # noqa: E402
 
 USER_ERRORS = (utils_option.OptionError, utils_dist.DistError, ConfigError, ResumeError, BatchSplitError,
                CheckpointError, NonFiniteLossError, DataLoaderStallError, FileNotFoundError)
@@ -58,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                 utils_option.save(opt, sys.argv)
                 logging.getLogger(__name__).info("Options:\n%s", utils_option.dict2str(opt), extra=FILE_ONLY)
                 log_kair_notes(args.opt, notes)
+                if OPENMP_NOTE and dist_info.device.type == "cpu":
+                    logging.getLogger(__name__).info("%s", OPENMP_NOTE)
 
             train(opt, dist_info, on_ready)
         finally:

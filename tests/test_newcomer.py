@@ -190,3 +190,26 @@ def test_a_gan_run_that_never_trains_g_adversarially_is_refused(tmp_path, capsys
     opt = parse_options(demo, ["train.total_iter=151", "train.D_update_ratio=2"])
     assert "its first adversarial step would be 152" in schedule_notes(opt)[1]
     assert schedule_notes(parse_options(demo, ["train.total_iter=152", "train.D_update_ratio=2"]))[1] is None
+
+
+def test_cpu_runs_wait_without_spinning_long_unless_the_user_chose():
+    """Spinning OpenMP threads made a run on a busy 2-core machine 10-30x slower (benchmarks/RESULTS.md): the
+    entry scripts set a short spin before torch starts its OpenMP runtime, and keep a user's own choice."""
+    from utils.utils_openmp import EVAL_SETTINGS, TRAIN_SETTINGS, choose_wait_policy
+
+    env: dict[str, str] = {}
+    assert "GOMP_SPINCOUNT=3000" in choose_wait_policy(TRAIN_SETTINGS, env) and env == TRAIN_SETTINGS
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert choose_wait_policy(EVAL_SETTINGS, env).endswith("OMP_WAIT_POLICY=ACTIVE (yours)")
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    with pytest.raises(RuntimeError, match="before torch is imported"):
+        choose_wait_policy(TRAIN_SETTINGS)  # torch is loaded here: too late to take effect
+
+
+def test_the_entry_script_sets_the_wait_policy_before_torch_starts(tmp_path):
+    opt = write_opt(tmp_path, train={"total_iter": 1, "checkpoint_save": 1})
+    env = {k: v for k, v in base_env().items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "main_train_vrt.py"), "--opt", opt], cwd=str(tmp_path),
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OpenMP waits: GOMP_SPINCOUNT=3000, KMP_BLOCKTIME=1 (set for a CPU shared" in proc.stdout
