@@ -226,9 +226,9 @@ def test_the_reference_fixture_ran_at_two_threads(vrt_reference):
 # ----------------------------------------------------------------------------------------------------------------
 # A tiny x4 IART (implicit alignment, SpyNet, checkpointed Swin blocks) with EMA, 2 micro-batches of 1 clip per step
 # and its recipes' SpyNet phase (frozen, then trained at lr x 0.125) switching at step 3, the tiny scale of the
-# official 5,000 (a run stopped at step 1 crosses it after its resume); bf16 where the CPU multiplies it natively (as the recipes recommend). Stochastic depth is off so
-# that one uninterrupted run is the reference of all three cases: its per-rank random streams follow the number of
-# processes by design (tests/test_elastic.py).
+# official 5,000 (a run stopped at step 1 crosses it after its resume); bf16 where the CPU multiplies it natively
+# (as the recipes recommend). Stochastic depth is off so that one uninterrupted run is the reference of all three
+# cases: its per-rank random streams follow the number of processes by design (tests/test_elastic.py).
 IART_TINY_OPT = {
     **VRT_TINY_OPT, "task": "iart", "scale": 4,
     "netG": {"net_type": "iart", "mid_channels": 8, "embed_dim": 8, "depths": [1], "num_heads": [2],

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import weakref
 
@@ -615,3 +616,24 @@ def test_tiny_vrt_on_two_processes_at_two_threads_equals_one(tmp_path) -> None:
     assert [m.group(0) for m in TESTING.finditer(one.stdout)] == [m.group(0) for m in TESTING.finditer(two.stdout)]
     assert AVERAGE.findall(one.stdout) == AVERAGE.findall(two.stdout) and len(AVERAGE.findall(two.stdout)) == 1
     assert {m["rank"] for m in _markers(tmp_path / "two")} == {0, 1}  # both processes restored segments
+
+
+def test_a_stop_signal_to_the_process_group_keeps_the_complete_segments(workspace, video_reference) -> None:
+    """SIGTERM to every process of the job at once (``timeout``, ``scancel``, ``kill -TERM -- -PGID``) in the middle
+    of a segment: the run ends with one line and exit 143, the complete segments keep their markers, and the re-run
+    finishes to the uninterrupted result."""
+    args = _args(workspace, "video", "video_signalled", "--segment_frames", "5")
+    env = base_env(threads=2, **UNVERIFIED, EVAL_SIGNAL_GROUP_AFTER_FRAMES="6")  # 2 threads, as users run
+    stopped = run([sys.executable, EVAL_ENTRY, *args], env, str(workspace), timeout=240, new_session=True)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout + stopped.stderr
+    assert "Stopped by SIGTERM: the complete segments are kept; re-run the same command" in stopped.stdout
+    assert "Traceback" not in stopped.stderr, stopped.stderr
+    save_dir = workspace / "video_signalled"
+    assert [m["segment"] for m in _markers(save_dir)] == ["0-4"]
+    resumed = _single(workspace, args)
+    assert_ok(resumed)
+    assert "1 segment(s) already complete" in resumed.stdout
+    names = sorted(os.listdir(save_dir / "long"))
+    assert len(names) == 23 and names == sorted(os.listdir(workspace / "video_one" / "long"))
+    assert not filecmp.cmpfiles(workspace / "video_one" / "long", save_dir / "long", names, shallow=False)[1]
+    assert AVERAGE.findall(resumed.stdout) == AVERAGE.findall(video_reference)
