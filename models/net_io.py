@@ -7,7 +7,9 @@ flags. A network class states it as an ``io`` property built from its constructo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from torch import nn
 
@@ -99,12 +101,40 @@ class NetIO:
         return tile, min(self.temporal_overlap, tile - 1) if tile else self.temporal_overlap
 
     def as_metadata(self) -> dict[str, str]:
-        """String key/values describing the input and output (for exported files)."""
-        return {"in_chans": str(self.in_chans), "out_chans": str(self.out_chans), "scale": str(self.scale),
-                "noise_map": str(int(self.noise_map)), "frame_interpolation": str(int(self.frame_interpolation)),
-                "input_multiple": ",".join(map(str, self.input_multiple)),
-                "temporal_tile": str(self.temporal_tile), "temporal_overlap": str(self.temporal_overlap),
-                "clip_frames": str(self.clip_frames), "min_size": str(self.min_size)}
+        """Every field as a string, keyed by its name (exported files carry it; :meth:`from_metadata` reads it back):
+        integers in decimal, booleans as ``0``/``1``, tuples comma-separated.
+
+        Raises:
+            TypeError: a field of another type (give it a form here and in :meth:`from_metadata`).
+        """
+        return {f.name: _to_text(f.name, getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, str]) -> NetIO:
+        """The :class:`NetIO` that :meth:`as_metadata` wrote; a field the metadata lacks (a file written before the
+        field existed) takes its default."""
+        values = {f.name: _from_text(f.name, meta[f.name], f.default) for f in fields(cls) if f.name in meta}
+        return cls(**values)
+
+
+def _to_text(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return ",".join(map(str, value))
+    raise TypeError(f"NetIO.{name}: no metadata form for {type(value).__name__} {value!r}")
+
+
+def _from_text(name: str, text: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        return text == "1"
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, tuple):
+        return tuple(int(v) for v in text.split(","))
+    raise TypeError(f"NetIO.{name}: no metadata form for {type(default).__name__}")
 
 
 def unwrap(net: nn.Module) -> nn.Module:

@@ -56,6 +56,11 @@ class ExportedTile:
     dynamic_hw: bool
     hw_multiple: tuple[int, int]
 
+    def as_metadata(self) -> dict[str, str]:
+        """``tile``, ``dynamic_hw`` and ``hw_multiple`` as strings (:func:`tile_from_metadata` reads them back)."""
+        return {"tile": f"{self.frames},{self.height},{self.width}", "dynamic_hw": str(int(self.dynamic_hw)),
+                "hw_multiple": ",".join(map(str, self.hw_multiple))}
+
     def check(self, shape: Sequence[int], path: str, in_chans: int) -> None:
         """Refuse an input ``(N, D, C, h, w)`` the graph cannot run.
 
@@ -85,17 +90,12 @@ class ExportedTile:
 
 
 def io_from_metadata(meta: dict[str, str]) -> NetIO:
-    """The :class:`NetIO` an exporter wrote with ``NetIO.as_metadata()``."""
-    return NetIO(in_chans=int(meta["in_chans"]), out_chans=int(meta["out_chans"]), scale=int(meta["scale"]),
-                 noise_map=meta["noise_map"] == "1", frame_interpolation=meta["frame_interpolation"] == "1",
-                 input_multiple=tuple(int(v) for v in meta["input_multiple"].split(",")),  # type: ignore[arg-type]
-                 temporal_tile=int(meta["temporal_tile"]), temporal_overlap=int(meta["temporal_overlap"]),
-                 clip_frames=int(meta.get("clip_frames", "0")),  # files exported before the field: any number
-                 min_size=int(meta.get("min_size", "0")))  # likewise: no minimum
+    """The :class:`NetIO` an exporter wrote with ``NetIO.as_metadata()`` (:meth:`NetIO.from_metadata`)."""
+    return NetIO.from_metadata(meta)
 
 
 def tile_from_metadata(meta: dict[str, str]) -> ExportedTile:
-    """The :class:`ExportedTile` an exporter wrote (keys ``tile``, ``dynamic_hw``, ``hw_multiple``)."""
+    """The :class:`ExportedTile` an exporter wrote with :meth:`ExportedTile.as_metadata`."""
     frames, height, width = (int(v) for v in meta["tile"].split(","))
     mh, mw = (int(v) for v in meta["hw_multiple"].split(","))
     return ExportedTile(frames, height, width, meta["dynamic_hw"] == "1", (mh, mw))

@@ -45,7 +45,7 @@ from engine.eval_setup import TestSetup, build_parser, setup_model  # noqa: E402
 from engine.options import parse_options  # noqa: E402
 from models.model_zoo import TASKS, ModelZooError  # noqa: E402
 from models.net_io import InputMismatch, NetIO, unwrap  # noqa: E402
-from models.onnx_runner import MISSING_ORT, OnnxNetwork  # noqa: E402
+from models.onnx_runner import MISSING_ORT, ExportedTile, OnnxNetwork  # noqa: E402
 from utils import utils_checkpoint, utils_fs, utils_safetensors  # noqa: E402
 from utils.utils_option import OptionError  # noqa: E402
 
@@ -229,8 +229,8 @@ def metadata(setup: TestSetup, net_g: dict[str, Any], tile: tuple[int, int, int]
     """What a runner needs, as the model's string metadata."""
     io_ = setup.io
     _, mh, mw = io_.input_multiple
-    return {**io_.as_metadata(), "tile": ",".join(map(str, tile)), "dynamic_hw": str(int(dynamic)),
-            "hw_multiple": f"{mh},{mw}", "window": ",".join(map(str, io_.input_multiple)),
+    return {**io_.as_metadata(), **ExportedTile(*tile, dynamic, (mh, mw)).as_metadata(),
+            "window": ",".join(map(str, io_.input_multiple)),
             "tile_overlap": ",".join(map(str, setup.tile_overlap)), "layout": "NTCHW", "value_range": "0,1",
             "sigma_channel": str(io_.in_chans - 1) if io_.noise_map else "none", "dtype": args.dtype,
             "task": setup.name, "net_type": str(net_g.get("net_type", "")), "netG": json.dumps(net_g),

@@ -33,10 +33,18 @@ pytest.importorskip("onnxruntime")
 FORM_CASES = {"vrt_vfi": ("vrt", "vfi", [2, 40, 40]), "vrt_deblur": ("vrt", "deblur", None),
               "videoconvbaseline_denoise": ("videoconvbaseline", "denoise", None),
               "videoconvbaseline_deblur": ("videoconvbaseline", "deblur", None)}
-CASES = {**{name: TINY_NETS.get(name) for name in NETWORKS},
+# VRT with three blocks in stage 1 (the second shifted, both with mutual attention) and RVRT with two Swin blocks in
+# its first part (the second shifted): the tiny nets' one block per stage never shifts, so a graph without the shift
+# mask passed. Without the mask the graph is 8.6e-4 (VRT) and 5.9e-3 (RVRT) off PyTorch.
+SHIFTED = {"vrt": {"depths": [3, 1, 1, 1, 1, 1, 1, 1]}, "rvrt": {"depths": [2, 1, 1]}}
+CASES = {**{name: TINY_NETS.get(name) and {**TINY_NETS[name], **SHIFTED.get(name, {})} for name in NETWORKS},
          **{name: {**tiny_net(net, form), **({"img_size": size} if size else {})}
             for name, (net, form, size) in FORM_CASES.items()}}
-FP32_TOL = 1e-4
+# |ONNX Runtime - PyTorch| measured on every case (Sapphire Rapids, AVX-512): 1.2e-7 .. 4.8e-7 (VRT's deblurring
+# form), 2.2e-5 for VRT's frame interpolation; about 10x the largest for other CPUs' summation orders, 4.6x for VFI
+# (benchmarks/RESULTS.md, "Test tolerances from measured errors")
+FP32_TOL = 5e-6
+TOL = {"vrt_vfi": 1e-4}
 
 
 def _net(netg: dict) -> torch.nn.Module:
@@ -98,14 +106,15 @@ def test_every_network_exports_and_runs_in_onnx_runtime_as_in_pytorch(name, tmp_
     runner = OnnxNetwork(out, providers=["CPUExecutionProvider"])
     assert runner.io == io
     x = _input(net, tile, seed=5)  # not the exporter's own input
-    assert _diff(runner, net, x) <= FP32_TOL
+    tol = TOL.get(name, FP32_TOL)
+    assert _diff(runner, net, x) <= tol
     # a mirror-extended clip (frame i == frame T-1-i), where RVRT's PyTorch forward takes its mirrored-flow branch
     # and the graph, traced on a random clip, computes both flow directions
     half = x[:, : (tile[0] + 1) // 2]
-    assert _diff(runner, net, torch.cat([half, half.flip(1)], 1)[:, : tile[0]]) <= FP32_TOL
+    assert _diff(runner, net, torch.cat([half, half.flip(1)], 1)[:, : tile[0]]) <= tol
     if runner.tile.dynamic_hw:  # another allowed size runs, and equals PyTorch
         mh, mw = runner.tile.hw_multiple
-        assert _diff(runner, net, _input(net, (tile[0], tile[1] + 3 * mh, tile[2] + mw), seed=6)) <= FP32_TOL
+        assert _diff(runner, net, _input(net, (tile[0], tile[1] + 3 * mh, tile[2] + mw), seed=6)) <= tol
     else:  # a size the graph was not built for is refused, in one line
         with pytest.raises(TileMismatch, match=r"fixes height and width.*--tile") as err:
             runner(_input(net, (tile[0], tile[1] + io.input_multiple[1], tile[2]), seed=6))
@@ -167,3 +176,34 @@ def test_bad_requests_are_one_line_and_write_nothing(tmp_path, caplog, monkeypat
     with pytest.raises(ImportError, match="pip install onnxruntime"):
         OnnxNetwork(str(out))
     assert "pip install" in MISSING_ORT
+
+
+def _not_default(value, k: int):
+    """A value of the default's type that differs from it (and from the other fields' values: ``k``)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 3 + k
+    if isinstance(value, tuple):
+        return tuple(v + 2 + k + i for i, v in enumerate(value))
+    raise AssertionError(f"NetIO field of type {type(value).__name__}: give it a metadata form")
+
+
+def test_every_netio_field_goes_into_the_metadata_and_back():
+    """One serialiser and its inverse: each field of NetIO, at a value other than its default, survives the round
+    trip (a new field that as_metadata leaves out, or from_metadata does not read, fails here); a file written
+    before a field existed gets its default; the exported tile round-trips too."""
+    from dataclasses import fields
+
+    from models.net_io import NetIO
+    from models.onnx_runner import ExportedTile, io_from_metadata, tile_from_metadata
+
+    io = NetIO(**{f.name: _not_default(f.default, k) for k, f in enumerate(fields(NetIO))})
+    meta = io.as_metadata()
+    assert list(meta) == [f.name for f in fields(NetIO)] and all(isinstance(v, str) for v in meta.values())
+    assert io_from_metadata(meta) == io
+    last = fields(NetIO)[-1].name
+    older = {k: v for k, v in meta.items() if k != last}
+    assert io_from_metadata(older) == NetIO(**{f.name: getattr(io, f.name) for f in fields(NetIO) if f.name != last})
+    tile = ExportedTile(3, 48, 64, True, (8, 16))
+    assert tile_from_metadata(tile.as_metadata()) == tile
