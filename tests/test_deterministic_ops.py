@@ -181,7 +181,7 @@ def test_deform_attn(size: tuple) -> None:
     inputs = [torch.randn(n * clip, 1, c, *size, generator=gen), torch.randn(n, clip, 2 * c, *size, generator=gen),
               2 * torch.randn(n * clip, clip * groups * 18, *size, generator=gen)]
     attn = lambda q, kv, off: deform_attn(q, kv, off, 3, 3, 1, 1, 1, heads, groups, clip)  # noqa: E731
-    assert_same_op(attn, attn, inputs, forced=True)
+    assert_same_op(attn, attn, inputs, forced=True, tol=5e-7)  # measured 8.9e-8
 
 
 @pytest.mark.parametrize('size', [(1, 1), (1, 4), (3, 5), (8, 12)])
@@ -211,8 +211,9 @@ def test_resize_to_size(size: tuple, out_size: tuple) -> None:
 ])
 def test_pad(mode: str, pads: tuple, size: tuple) -> None:
     x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(6))
-    assert_same_op(lambda a: pad_formulation(a, pads, mode), lambda a: F.pad(a, pads, mode=mode), [x])
-    assert_same_op(lambda a: pad(a, pads, mode), lambda a: F.pad(a, pads, mode=mode), [x], forced=True)
+    # measured: 9.6e-8
+    assert_same_op(lambda a: pad_formulation(a, pads, mode), lambda a: F.pad(a, pads, mode=mode), [x], tol=5e-7)
+    assert_same_op(lambda a: pad(a, pads, mode), lambda a: F.pad(a, pads, mode=mode), [x], forced=True, tol=5e-7)
 
 
 def test_deform_offsets_are_fp32_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -263,10 +264,11 @@ def _training_step(net: nn.Module, x: Tensor, forced: bool | None) -> tuple[Tens
 
 @pytest.mark.parametrize('name', sorted(NETWORKS))
 def test_networks_same_with_formulations_on_and_off(name: str) -> None:
-    """Same output bits (the forward is the native kernels' in both runs) and parameter gradients within 1e-5 of
+    """Same output bits (the forward is the native kernels' in both runs) and parameter gradients within 5e-6 of
     each tensor's largest entry, or of 1% of the network's largest entry for tensors with smaller gradients
-    (measured: at most 6e-7 of that); the run with the formulations dispatches none of the nondeterministic
-    backward kernels that the default run dispatches."""
+    (measured: at most 5.1e-7 of that, VRT's interpolation; about 10x for other CPUs' summation orders); the run
+    with the formulations dispatches none of the nondeterministic backward kernels that the default run
+    dispatches."""
     make, shape, seen_by_default = NETWORKS[name]
     torch.manual_seed(0)
     net = make().train()
@@ -278,7 +280,7 @@ def test_networks_same_with_formulations_on_and_off(name: str) -> None:
     assert grads_on.keys() == grads_off.keys() and len(grads_off) == len(list(net.parameters()))
     largest = max(g.abs().max().item() for g in grads_off.values())
     for pname, g_off in grads_off.items():
-        bound = 1e-5 * max(g_off.abs().max().item(), 1e-2 * largest)
+        bound = 5e-6 * max(g_off.abs().max().item(), 1e-2 * largest)
         err = (grads_on[pname] - g_off).abs().max().item()
         assert err <= bound, f'{pname}: gradient differs by {err:.2e} > {bound:.2e}'
     assert rec_on.nondeterministic() == []
