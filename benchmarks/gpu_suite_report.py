@@ -26,7 +26,9 @@ def markdown(results: dict[str, Any], command: str) -> str:
                 ('train', ['preset', 'clip', 'precision', 'impl', 'train_step_s', 'forward_s', 'peak_gb', 'plan_gb',
                            'speedup', 'mem_ratio', 'error']),
                 ('deterministic', ['preset', 'clip', 'default_step_s', 'deterministic_step_s', 'bit_identical']),
-                ('tiled', ['job', 'precision', 'lq', 'tile', 'out', 'seconds', 'frames_per_s', 'peak_gb', 'finite'])]
+                ('tiled', ['job', 'precision', 'lq', 'tile', 'out', 'seconds', 'frames_per_s', 'peak_gb', 'finite']),
+                ('gan', ['preset', 'clip', 'precision', 'step_s', 'peak_gb', 'finite', 'sn_fp32', 'ddp_units',
+                         'scaler_updates', 'scale'])]
     for name, columns in sections:
         part = results.get(name, {})
         out += [f'### {name} ({part.get("status")}, {part.get("seconds")} s)', '']

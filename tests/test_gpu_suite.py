@@ -16,7 +16,7 @@ def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:
                           cwd=ROOT, env=base_env(threads=1), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((out / 'suite.json').read_text())
-    sections = ('environment', 'goldens', 'parity', 'train', 'ddp', 'deterministic', 'tiled', 'compile')
+    sections = ('environment', 'goldens', 'parity', 'train', 'ddp', 'deterministic', 'tiled', 'compile', 'gan')
     assert {k: results[k]['status'] for k in sections} == dict.fromkeys(sections, 'ok')
     assert results['failed'] == [] and results['problems'] == [] and results['quick'] is True
     assert results['environment']['policy']['tf32'] is False
