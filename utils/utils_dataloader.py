@@ -181,6 +181,11 @@ def next_batch(iterator: Iterator[Any], timeout: float) -> Any | None:
             if STACK_SIGNAL is not None and worker.pid is not None and worker.is_alive():
                 os.kill(worker.pid, STACK_SIGNAL)
         time.sleep(1.0)  # let the workers write their stacks
+        # a stalled worker never returns to its loop, and it ignores SIGTERM (stop signals belong to the main
+        # process), so the loader's shutdown could not end it and the exit would wait on it forever
+        for worker in workers:
+            if worker.pid is not None and worker.is_alive():
+                worker.kill()
         raise DataLoaderStallError(f"the training data loader produced no batch for {timeout:g} s "
                                    f"(train.dataloader_timeout); the stacks of its {len(workers)} worker(s) are "
                                    "printed above on stderr") from exc
