@@ -56,6 +56,7 @@ from engine.eval_setup import (
 )
 from engine.report import ClipReport, comparison_panels, encode_png, write_report
 from engine.scoring import (
+    MetricError,
     MetricSpec,
     Scoring,
     average_lines,
@@ -66,7 +67,7 @@ from engine.scoring import (
     metric_specs,
     testing_lines,
 )
-from engine.validate import input_baseline
+from engine.validate import input_baseline, probe_frames
 from models.model_zoo import ModelZooError
 from models.video_stream import Prefetch, num_outputs, segment_bounds, stream_video
 from utils import utils_checkpoint, utils_dist
@@ -201,6 +202,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     for clip in clips:  # a clip too short for a temporal metric, before any work
         check_clip_length(specs, len(clip.names) if clip.lazy is not None else 1, clip.folder)
     scoring = Scoring(specs, device, args.metric_weights)  # weights fetched (rank 0) and checked, networks loaded
+    _check_frame_size(scoring, test_set, clips[0], setup)
     total = sum(c.frames if c.lazy is not None else 1 for c in clips)
     target = eval_jobs.segment_target(args.segment_frames, total, world)
     tiling = tiling_kwargs(setup)
@@ -224,6 +226,20 @@ def _prepare(args: argparse.Namespace) -> _Run:
                 "folder_gt": os.path.abspath(args.folder_gt) if args.folder_gt else None}
     store = ResultStore(save_dir, eval_jobs.fingerprint(settings), resume=not args.no_resume)
     return _Run(args, setup, test_set, device, amp, save_dir, vimeo, rank, world, store, clips, scoring)
+
+
+def _check_frame_size(scoring: Scoring, test_set: Dataset, clip: _Clip, setup: TestSetup) -> None:
+    """Refuse, before any work, a metric that cannot score the first clip's frames (too small for NIQE's blocks or
+    the temporal metrics' crop): each is tried on the input baseline of the clip's first two frames.
+
+    Raises:
+        MetricError: naming the metric, the frame size and the minimum.
+    """
+    if not scoring.specs:
+        return
+    refused = scoring.unfit(*probe_frames(test_set, clip.index, setup.scale, setup.vfi))
+    if refused:
+        raise MetricError(next(iter(refused.values())))
 
 
 def _describe(test_set: Dataset, setup: TestSetup) -> list[_Clip]:

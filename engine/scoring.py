@@ -115,6 +115,20 @@ class Scoring:
         out, gt = (_float(a)[None] for a in first)
         return scorer.update(out, gt, index)[0]
 
+    def unfit(self, out: torch.Tensor, gt: torch.Tensor | None) -> dict[str, str]:
+        """The metrics that refuse frames like these (too small for NIQE's blocks or tOF/tLP's crop), each with its
+        one-line reason; full-reference ones are not tried without ``gt``. ``out``, ``gt``: a few (T, 3, H, W) frames
+        of the kind to be scored (e.g. the input baseline of a clip's first two frames)."""
+        refused = {}
+        for spec in self.specs:
+            if spec.needs_gt and gt is None:
+                continue
+            try:
+                self.subset([spec.name]).score_clip(out, gt)  # type: ignore[union-attr]
+            except MetricError as exc:
+                refused[spec.name] = str(exc)
+        return refused
+
     def no_reference(self) -> Scoring | None:
         """The no-reference metrics among these (for clips without ground truth), built once."""
         if self._no_ref is None and any(not s.needs_gt for s in self.specs):

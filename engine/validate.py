@@ -188,6 +188,22 @@ def _clip_outputs(test_set: Dataset, vfi: bool, center_frame_only: bool,
     return out
 
 
+def probe_frames(test_set: Dataset, index: int, scale: int, vfi: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the metrics will meet in item ``index``, cheaply: the input baseline of its first two frames
+    ``(T', 3, H, W)`` and the matching ground truth (``None`` without), read lazily where the set can."""
+    lazy = getattr(test_set, "lazy_item", None)
+    if lazy is not None:
+        item = lazy(index)
+        lq = torch.stack(list(itertools.islice(item["L"].frames(0), 2)))
+        gt = torch.stack(list(itertools.islice(item["H"].frames(0), 2))) if item.get("H") is not None else None
+    else:
+        with seeded_rng(0):
+            item = test_set[index]
+        lq, gt = item["L"][:2], (item["H"][:2] if item.get("H") is not None else None)
+    out = InputBaseline(scale, vfi).infer(lq[None])[0]
+    return out, (gt[: out.shape[0]] if gt is not None else None)
+
+
 class BestSoFar:
     """The best value of each metric on each test set so far (value and step, as BasicSR keeps them), the metric
     that picks the best step (``val.best_metric``), and ``models/best.json``.
@@ -320,30 +336,14 @@ class Validation:
         out for this set, with one warning; the others keep it."""
         if not len(data):  # type: ignore[arg-type]
             return self.scoring
-        lazy = getattr(data, "lazy_item", None)
-        if lazy is not None:
-            item = lazy(0)
-            lq = torch.stack(list(itertools.islice(item["L"].frames(0), 2)))
-            gt = torch.stack(list(itertools.islice(item["H"].frames(0), 2))) if item.get("H") is not None else None
-        else:
-            with seeded_rng(0):
-                item = data[0]
-            lq, gt = item["L"][:2], (item["H"][:2] if item.get("H") is not None else None)
-        out = InputBaseline(io.scale, io.frame_interpolation).infer(lq[None])[0]
-        gt = gt[: out.shape[0]] if gt is not None and has_gt else None
-        keep = []
-        for spec in self.scoring.specs:
-            if spec.needs_gt and gt is None:
-                keep.append(spec.name)  # never computed on this set (no ground truth)
-                continue
-            try:
-                self.scoring.subset([spec.name]).score_clip(out, gt)  # type: ignore[union-attr]
-                keep.append(spec.name)
-            except MetricError as exc:
-                if utils_dist.get_rank() == 0:
-                    logger.warning("val.metrics: %s is left out on datasets.%s (%s)", spec.name, key, exc)
-        if len(keep) == len(self.scoring.specs):
+        out, gt = probe_frames(data, 0, io.scale, io.frame_interpolation)
+        refused = self.scoring.unfit(out, gt if has_gt else None)
+        if not refused:
             return self.scoring
+        if utils_dist.get_rank() == 0:
+            for name, why in refused.items():
+                logger.warning("val.metrics: %s is left out on datasets.%s (%s)", name, key, why)
+        keep = [s.name for s in self.scoring.specs if s.name not in refused]
         return self.scoring.subset(keep) or Scoring([], self.scoring.device, fetch=False)
 
     def write_best(self, saved: Any) -> None:

@@ -92,6 +92,7 @@ def workspace(tmp_path_factory):
     write_clip(str(tmp / "lq"), "pan", downscale(gt, 4))
     write_clip(str(tmp / "short_gt"), "one", gt[:1])
     write_clip(str(tmp / "short_lq"), "one", downscale(gt[:1], 4))
+    write_clip(str(tmp / "small_lq"), "small", downscale(pan(frames=2, size=(64, 64)), 4))  # restored: 64 x 64
     # 48 x 48 footage, 192 x 192 restored: four 96 x 96 NIQE blocks
     write_footage(str(tmp / "footage" / "coffee.mp4"), downscale(pan("coffee", 5, (192, 192), start=(40, 60)), 4))
     (tmp / "bad_weights").mkdir()
@@ -119,6 +120,7 @@ CASES = {
                                   r"metrics psnr, tof need ground truth, which is missing; without it only "
                                   r"no-reference metrics can be computed \(niqe\)"),
     "clip too short": (["--metrics", "psnr", "tof"], "short", r"clip 'one' has 1 frame, too few for tof needs 2"),
+    "frames too small": (["--metrics", "niqe"], "small", r"niqe needs frames of at least 96x96 pixels, got 64x64"),
     "weights with the wrong hash": (["--metrics", "lpips", "--metric_weights", "{ws}/bad_weights"], "gt",
                                     r"metric weights .*alexnet-owt-7be5be79\.pth have SHA-256 [0-9a-f]{64}, "
                                     r"expected 7be5be79"),
@@ -138,6 +140,7 @@ def test_bad_metric_input_is_one_line_exit_2_and_nothing_written(workspace, case
         vmaf.ffmpeg_with_libvmaf.cache_clear()
     inputs = {"gt": ["--folder_lq", str(workspace / "lq"), "--folder_gt", str(workspace / "gt")],
               "short": ["--folder_lq", str(workspace / "short_lq"), "--folder_gt", str(workspace / "short_gt")],
+              "small": ["--folder_lq", str(workspace / "small_lq")],
               None: ["--folder_lq", str(workspace / "lq")]}[data]
     out = workspace / f"bad_{case.replace(' ', '_')}"
     with caplog.at_level(logging.ERROR):
