@@ -166,8 +166,8 @@ class Blur(Operation):
 
     PARAMS = {
         "prob": PROB,
-        "kernel": Opt((str, list), list(KERNELS), "Kernel types to choose from: `iso`, `aniso` (Gaussian), "
-                      "`generalized_iso`, `generalized_aniso`, `plateau_iso`, `plateau_aniso`, `sinc`.",
+        "kernel": Opt((str, list), list(KERNELS), "Kernel types to choose from: "
+                      f"{', '.join(f'`{k}`' for k in KERNELS)} (`iso` and `aniso` are Gaussian).",
                       refuse=_names(KERNELS, KERNEL_ALIASES)),
         "kernel_prob": Opt((list, type(None)), None, "Weights of `kernel` (null: equal).", refuse=_weights(None)),
         "kernel_size": Opt((int, list), [7, 21], "Odd kernel sizes to draw from.", refuse=_range(3, 101, odd=True)),

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import sys
 
@@ -208,7 +209,8 @@ def test_every_preset_gives_exactly_gt_over_scale_and_leaves_gt_alone():
     gt8 = (render_clip(np.random.default_rng(1), 3, 50, 70) * 255).round().astype(np.uint8)
     random_sizes = [{"type": "resize", "scale": [0.1, 3.0], "direction_prob": [1, 1, 0]} for _ in range(3)]
     cases = [(name, s) for name in PRESETS for s in (2, 4)] + [("second_order", 3), ("bi", 1), ("realesrgan", 1)]
-    for spec, scale in cases + [(random_sizes, 4), (random_sizes, 3)]:
+    ringing = [{"type": "blur", "kernel": "sinc"}]  # overshoots [0, 1] at edges: the LQ is clipped at the end
+    for spec, scale in cases + [(random_sizes, 4), (random_sizes, 3), (ringing, 1)]:
         degrade = build_degradation(spec, scale)
         for gt in (gt8, gt8.astype(np.float32) / 255):
             before = gt.copy()
@@ -338,3 +340,189 @@ def test_the_docs_name_every_operation_and_key():
             assert f"`{key}`" in section, (kind, key)
     for name in (*PRESETS, "second_order"):
         assert f"`{name}`" in section, name
+
+
+# ---------------------------------------------------------------------------------------------- draws over items
+# One operation of each kind, each with a chance to run and choices with unequal weights.
+DRAWN_OPS = [
+    {"type": "blur", "prob": 0.7, "kernel": ["iso", "aniso", "generalized_iso", "plateau_aniso", "sinc"],
+     "kernel_prob": [0.3, 0.3, 0.1, 0.1, 0.2], "kernel_size": [7, 21], "sigma": [0.2, 3.0]},
+    {"type": "resize", "direction_prob": [0.2, 0.7, 0.1], "scale": [0.5, 1.5]},
+    {"type": "noise", "prob": 0.6, "gaussian_prob": 0.5, "sigma": [1, 30], "poisson_scale": [0.05, 3],
+     "gray_prob": 0.4},
+    {"type": "jpeg", "prob": 0.5, "quality": [30, 95]},
+    {"type": "codec", "prob": 0.5, "codec": ["libx264", "mpeg4"], "codec_prob": [2 / 3, 1 / 3], "crf": [18, 35],
+     "qscale": [2, 20]},
+]
+ITEMS = 300
+# Each check below fails a correct implementation with probability at most ALPHA: a two-sided binomial or chi-square
+# p-value, a Kolmogorov-Smirnov p-value, or the chance (1 - r)^n that n uniform draws all miss the outer fraction r
+# of a range at one end (r is set from n so that this is ALPHA). With 36 checks the test's false-failure rate under
+# another seed is below 4e-4; with this seed it passes or fails the same way every time.
+ALPHA = 1e-5
+
+
+def _spy_operations(monkeypatch) -> list[tuple]:
+    """Record each drawn parameter (kind, value) in a list, and make the operations themselves cheap."""
+    from data import degradation_ops
+
+    seen: list[tuple] = []
+    real_draw = degradation_ops.Blur.draw_kernels
+
+    def draw(self, rng, frames):
+        start = len(seen)
+        kind, kernels = real_draw(self, rng, frames)
+        seen[start:] = [(*d, kind) for d in seen[start:]]  # the Gaussian's sigmas, labelled with their kernel kind
+        seen.append(("blur", kind, kernels.shape[-1]))
+        return kind, kernels
+
+    def gaussian(size, sx, sy, angle):
+        seen.append(("sigma", sx, sy, angle))
+        return np.ones((size, size)) / size**2
+
+    def resize(clip, size, mode):
+        seen.append(("resize", size[0] / clip.shape[1], mode))
+        return np.zeros((clip.shape[0], *size, 3), np.float32)
+
+    def noise(kind):
+        return lambda clip, level, gray, rng: seen.append((kind, float(level[0]), gray)) or clip
+
+    monkeypatch.setattr(degradation_ops.Blur, "draw_kernels", draw)
+    monkeypatch.setattr(dg, "gaussian_kernel", gaussian)
+    monkeypatch.setattr(dg, "filter_clip", lambda clip, kernel: clip)
+    monkeypatch.setattr(dg, "resize_clip", resize)
+    monkeypatch.setattr(dg, "add_gaussian_noise", noise("gaussian"))
+    monkeypatch.setattr(dg, "add_poisson_noise", noise("poisson"))
+    monkeypatch.setattr(dg, "jpeg_clip", lambda clip, quality: seen.append(("jpeg", int(quality[0]))) or clip)
+    monkeypatch.setattr(degradation_ops, "compress_clip", lambda clip, codec, **rate: seen.append(
+        ("codec", codec, rate.get("crf", rate.get("qscale")))) or clip)
+    return seen
+
+
+def _binomial_ok(count: int, n: int, p: float) -> bool:
+    from scipy.stats import binomtest
+
+    return binomtest(count, n, p).pvalue > ALPHA
+
+
+def _categories_ok(values: list, weights: dict) -> bool:
+    from scipy.stats import chisquare
+
+    total = sum(weights.values())
+    observed = [values.count(k) for k in weights]
+    return len(values) == sum(observed) and chisquare(observed, [len(values) * w / total for w in weights.values()]
+                                                      ).pvalue > ALPHA
+
+
+def _covers(values: list[float], low: float, high: float, uniform: bool = True) -> bool:
+    """Inside [low, high], reaching both ends (into the outer fraction that n uniform draws all miss with probability
+    ALPHA), and (``uniform``) uniform by K-S."""
+    from scipy.stats import kstest
+
+    reach = (1 - ALPHA ** (1 / max(len(values), 1))) * (high - low)
+    inside = all(low <= v <= high for v in values) and min(values) < low + reach and max(values) > high - reach
+    return inside and (not uniform or kstest(values, "uniform", args=(low, high - low)).pvalue > ALPHA)
+
+
+def test_an_epoch_draws_every_parameter_over_its_range_with_its_probability(tmp_path, monkeypatch):
+    """Through the video-file training set and SeededItems (each item's generator): across an epoch the blur kernel,
+    resize, noise, JPEG and codec parameters cover their configured ranges with the configured probabilities; items
+    differ from each other, and an item differs between epochs."""
+    from data.dataset_video_file_train import VideoFileTrainDataset
+    from data.synthetic_videos import synthesize_videos
+
+    synthesize_videos(str(tmp_path / "videos"), {"num_videos": 1, "num_frames": 6, "size": [64, 64], "seed": 0})
+    ds = VideoFileTrainDataset({"dataroot_gt": str(tmp_path / "videos"), "num_frame": 2, "gt_size": 64, "scale": 2,
+                                "clips_per_video": ITEMS, "use_hflip": False, "use_rot": False,
+                                "index_dir": str(tmp_path / "index"), "degradations": DRAWN_OPS})
+    seen = _spy_operations(monkeypatch)
+    items = SeededItems(ds, seed=3)
+
+    def draws_of(key: tuple[int, int]) -> tuple:
+        start = len(seen)
+        items[key]
+        return tuple(seen[start:])
+
+    epoch0 = [draws_of((0, i)) for i in range(ITEMS)]
+    # an item that drew a continuous value (a Gaussian sigma, a noise level) cannot repeat another one by chance (an
+    # item that drew only discrete ones may: a kept size, a mode, a quality); items that drew one all differ, and
+    # differ from themselves in the next epoch
+    continuous = [i for i, item in enumerate(epoch0) if any(d[0] in ("sigma", "gaussian", "poisson") for d in item)]
+    assert len(continuous) > ITEMS // 2
+    assert len({epoch0[i] for i in continuous}) == len(continuous)
+    assert all(draws_of((1, i)) != epoch0[i] for i in continuous[:2])
+    draws = [d for item in epoch0 for d in item]
+    by = {kind: [d[1:] for d in draws if d[0] == kind] for kind in ("blur", "sigma", "resize", "gaussian", "poisson",
+                                                                     "jpeg", "codec")}
+    blur, codec, noise = by["blur"], by["codec"], by["gaussian"] + by["poisson"]
+    checks = {
+        "blur runs with prob 0.7": _binomial_ok(len(blur), ITEMS, 0.7),
+        "kernel kinds by kernel_prob": _categories_ok([k for k, _ in blur], dict(zip(DRAWN_OPS[0]["kernel"],
+                                                                                   DRAWN_OPS[0]["kernel_prob"]))),
+        "kernel sizes 7..21, odd, uniform": _categories_ok([s for _, s in blur], dict.fromkeys(range(7, 22, 2), 1)),
+        "sigma over [0.2, 3]": _covers([sx for sx, _, _, _ in by["sigma"]], 0.2, 3.0),
+        "iso kernels round": all(sy == sx and a == 0 for sx, sy, a, kind in by["sigma"] if kind == "iso"),
+        "aniso sigma_y over [0.2, 3]": _covers([sy for _, sy, _, kind in by["sigma"] if kind == "aniso"], 0.2, 3.0),
+        "aniso angle over [-pi, pi]": _covers([a for _, _, a, kind in by["sigma"] if kind == "aniso"], -math.pi,
+                                              math.pi),
+        "resize runs every time": len(by["resize"]) == ITEMS,
+        "resize up/down/keep by direction_prob": _categories_ok(
+            ["up" if f > 1 else "down" if f < 1 else "keep" for f, _ in by["resize"]],
+            {"up": 0.2, "down": 0.7, "keep": 0.1}),
+        "down factor over [0.5, 1]": _covers([f for f, _ in by["resize"] if f < 1], 0.5, 1.0, uniform=False),
+        "up factor over [1, 1.5]": _covers([f for f, _ in by["resize"] if f > 1], 1.0, 1.5, uniform=False),
+        "resize modes equally likely": _categories_ok([m for _, m in by["resize"]],
+                                                      dict.fromkeys(dg.RESIZE_MODES, 1)),
+        "noise runs with prob 0.6": _binomial_ok(len(noise), ITEMS, 0.6),
+        "gaussian noise with prob 0.5": _binomial_ok(len(by["gaussian"]), len(noise), 0.5),
+        "grey noise with prob 0.4": _binomial_ok(sum(g for _, g in noise), len(noise), 0.4),
+        "gaussian sigma over [1, 30]": _covers([s for s, _ in by["gaussian"]], 1, 30),
+        "poisson scale over [0.05, 3]": _covers([s for s, _ in by["poisson"]], 0.05, 3),
+        "jpeg runs with prob 0.5": _binomial_ok(len(by["jpeg"]), ITEMS, 0.5),
+        "jpeg quality over [30, 95]": _covers([q for (q,) in by["jpeg"]], 30, 95),
+        "codec runs with prob 0.5": _binomial_ok(len(codec), ITEMS, 0.5),
+        "codecs by codec_prob": _categories_ok([c for c, _ in codec], {"libx264": 2 / 3, "mpeg4": 1 / 3}),
+        "x264 crf over 18..35": _categories_ok([(r - 18) // 3 for c, r in codec if c == "libx264"],
+                                               dict.fromkeys(range(6), 1)),
+        "mpeg4 qscale over 2..20": _covers([r for c, r in codec if c == "mpeg4"], 2, 20, uniform=False),
+    }
+    assert all(checks.values()), [name for name, ok in checks.items() if not ok]
+
+
+def test_the_draws_come_from_the_generator_alone(monkeypatch, clip):
+    """The same generator state gives the same parameters, whatever the global random streams did in between."""
+    seen = _spy_operations(monkeypatch)
+    degrade = build_degradation(DRAWN_OPS, 2)
+    runs = []
+    for global_seed in (1, 2):
+        random.seed(global_seed)
+        np.random.seed(global_seed)
+        torch.manual_seed(global_seed)
+        start = len(seen)
+        for s in range(8):
+            degrade(clip, np.random.default_rng(s))
+        runs.append(seen[start:])
+    assert runs[0] == runs[1] and any(d[0] == "codec" for d in runs[0])
+
+
+def test_shuffle_runs_its_groups_in_either_order(monkeypatch):
+    first = []
+    monkeypatch.setattr(dg, "jpeg_clip", lambda clip, quality: first.append("jpeg") or clip)
+    monkeypatch.setattr(dg, "quantize", lambda clip: first.append("quantize") or clip)
+    degrade = build_degradation([{"type": "shuffle", "groups": [[{"type": "jpeg"}], [{"type": "quantize"}]]}], 1)
+    for seed in range(200):
+        degrade(np.zeros((1, 4, 4, 3), np.float32), np.random.default_rng(seed))
+    assert len(first) == 400 and _binomial_ok(first[::2].count("jpeg"), 200, 0.5)
+
+
+def test_the_last_resize_to_gt_over_scale_shrinks_by_area_and_enlarges_bicubic(monkeypatch, clip):
+    from data import degradation_pipeline
+
+    modes = []
+    real = degradation_pipeline.resize_clip
+    monkeypatch.setattr(degradation_pipeline, "resize_clip", lambda c, size, mode: modes.append(mode) or real(
+        c, size, mode))
+    for direction in ([1, 0, 0], [0, 1, 0]):  # up from GT/4 (16 -> 16..32, then shrunk), down (16 -> 8..16)
+        build_degradation([{"type": "resize", "relative_to": "target", "scale": [0.5, 2], "direction_prob": direction,
+                            "mode": "area"}], 4)(clip, np.random.default_rng(0))
+    assert modes == ["area", "bicubic"]
