@@ -37,6 +37,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     "engine/resume.py": ("tests/test_resume_notes.py", "tests/test_trainable_units.py"),
     "models/model_gan.py": ("tests/test_model_gan.py",),
     "models/model_base.py": ("tests/test_trainable_units.py", "tests/test_checkpoint.py"),
+    "scripts/mutate.py": ("tests/test_mutate.py",),
+    "scripts/mutate_breaks.py": ("tests/test_mutate.py",),
 }
 
 BREAKS: dict[str, list[Break]] = {
@@ -153,5 +155,17 @@ BREAKS: dict[str, list[Break]] = {
         Break("pretrained-ema-not-copied", "                else:\n                    unit.update_ema(0.0)\n"
               "            path = paths.get", "            path = paths.get",
               "a pretrained G without pretrained_netE leaves E at its random start"),
+    ],
+    "scripts/mutate.py": [
+        Break("checkout-mutated", "path = os.path.join(scratch, module)", "path = os.path.join(ROOT, module)",
+              "breaks are written into the checkout while the tests run in the unbroken copy"),
+        Break("survivor-called-killed", 'result = "SURVIVED" if ok else "KILLED"', 'result = "KILLED"',
+              "a break the tests miss is reported as killed"),
+        Break("ambiguous-break-applied", "if source.count(brk.old) != 1:", "if brk.old not in source:",
+              "a break whose code occurs twice is applied (to every occurrence) instead of reported stale"),
+    ],
+    "scripts/mutate_breaks.py": [  # (the text is split so that it occurs once here: in the break it changes)
+        Break("catalogue-stale", "if step > " + "total:", "if step >= " + "total:",
+              "a break whose code is no longer in its module"),
     ],
 }
