@@ -19,7 +19,7 @@ import torch
 
 import main_train_vrt
 from engine import evaluate, scoring
-from engine.evaluate import _write_csv
+from engine.eval_results import write_csv
 from engine.report import ClipReport, write_report
 from engine.scoring import average_lines, baseline_text, metric_specs
 from engine.validate import BestSoFar
@@ -179,10 +179,10 @@ def test_no_reference_metrics_score_footage_without_ground_truth(workspace, capl
 def test_tables_and_report_are_written_atomically(tmp_path) -> None:
     """A write that fails half-way leaves the previous file whole and no temporary behind."""
     path = str(tmp_path / "metrics.csv")
-    _write_csv(path, ["folder", "frame", "psnr"], [["a", "0", 30.0]])
+    write_csv(path, ["folder", "frame", "psnr"], [["a", "0", 30.0]])
     before = open(path).read()
     with pytest.raises(UnicodeEncodeError):
-        _write_csv(path, ["folder", "frame", "psnr"], [["a", "0", 31.0], ["b\ud800", "1", 32.0]])
+        write_csv(path, ["folder", "frame", "psnr"], [["a", "0", 31.0], ["b\ud800", "1", 32.0]])
     assert open(path).read() == before and os.listdir(tmp_path) == ["metrics.csv"]
     spec = [METRICS["psnr"]]
     page = write_report(str(tmp_path / "report.html"), "t", spec, [ClipReport("a", ["0"], [{"psnr": 30.0}],
