@@ -22,12 +22,13 @@ from data import dataset_video_test as dvt
 from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos
 from data.frame_sources import sigma_map
 from engine.options import parse_options
+from models.memory_plan import cpu_tile
 from models.model_zoo import TASKS, testset_url
 from models.net_io import NetIO, net_io
 from models.onnx_runner import OnnxNetwork
 from models.select_network import define_G, define_network
 from models.video_inference import infer_video, io_tiling
-from utils import utils_checkpoint, utils_option
+from utils import utils_checkpoint, utils_dist, utils_option
 from utils.metrics import DEFAULT_METRICS, METRICS
 from utils.metrics.weights import DEFAULT_WEIGHTS_DIR
 from utils.utils_numerics import AMP_DTYPES
@@ -165,6 +166,11 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
         val_rules = {}
     sigma = int(args.sigma if args.sigma is not None else sigma)
     check_sigma(io, sigma, given=sigma_given)
+    if args.tile is None and not isinstance(net, OnnxNetwork) and _runs_on_cpu(args):
+        capped = cpu_tile(default_tile, io)  # a tile that fits a laptop's memory (models/memory_plan.py)
+        if capped != tuple(default_tile):
+            logger.info("CPU run: tiles of %d frames x %d pixels (the CPU default; --tile chooses)", *capped)
+        default_tile = capped
     if isinstance(net, OnnxNetwork):  # the weights are in the graph, which runs on its own tile
         default_tile = (net.tile.frames, net.tile.height)
     else:
@@ -173,6 +179,12 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
     return TestSetup(name=name, net=net.eval(), io=io, tile=_two(args.tile, default_tile, "--tile"),
                      tile_overlap=_two(args.tile_overlap, default_overlap, "--tile_overlap"), vimeo_mirror=mirror,
                      sigma=sigma, model_path=path, **val_rules)
+
+
+def _runs_on_cpu(args: argparse.Namespace) -> bool:
+    """``--device`` is the CPU, or none is given and this process has no GPU."""
+    device = torch.device(args.device) if args.device else utils_dist.get_dist_info().device
+    return device.type == "cpu"
 
 
 def check_sigma(io: NetIO, sigma: int, given: str) -> None:

@@ -14,6 +14,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,17 +64,7 @@ def get_window_size(x_size: Size3, window_size: Size3, shift_size: Size3) -> tup
 
 def _build_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, device: torch.device) -> Tensor:
     """The shift mask of :func:`compute_mask`, uncached."""
-    img_mask = torch.zeros((1, d, h, w, 1), device=device)
-    cnt = 0
-    slices = [
-        (slice(-ws), slice(-ws, -ss), slice(-ss, None)) for ws, ss in zip(window_size, shift_size)
-    ]
-    for sd in slices[0]:
-        for sh in slices[1]:
-            for sw in slices[2]:
-                img_mask[:, sd, sh, sw, :] = cnt
-                cnt += 1
-    mask_windows = window_partition(img_mask, window_size).squeeze(-1)  # (nW, N)
+    mask_windows = _region_ids(d, h, w, window_size, shift_size, device)  # (nW, N)
     across = mask_windows.unsqueeze(1) != mask_windows.unsqueeze(2)  # (nW, N, N) bool: 1 byte per entry
     return torch.zeros(across.shape, device=device).masked_fill_(across, -100.0)
 
@@ -85,6 +76,10 @@ def _build_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, d
 MASK_CACHE_BYTES = 256 * 2**20
 
 
+def _nbytes(entry: Tensor | ShiftMask) -> int:
+    return entry.nbytes if isinstance(entry, ShiftMask) else entry.numel() * entry.element_size()
+
+
 class _MaskCache:
     """LRU of shift masks, bounded by :data:`MASK_CACHE_BYTES` per device (read at every insertion)."""
 
@@ -92,7 +87,7 @@ class _MaskCache:
         self._entries: OrderedDict[tuple, Tensor] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple, device: torch.device, build: Callable[[], Tensor]) -> Tensor:
+    def get(self, key: tuple, device: torch.device, build: Callable[[], Any]) -> Any:
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
@@ -100,7 +95,7 @@ class _MaskCache:
         # built outside inference mode: a mask first made during validation serves training steps after it
         with torch.inference_mode(False):
             mask = build()
-        size = mask.numel() * mask.element_size()
+        size = _nbytes(mask)
         with self._lock:
             if size > MASK_CACHE_BYTES:
                 return mask
@@ -112,7 +107,7 @@ class _MaskCache:
 
     def nbytes(self, device: torch.device) -> int:
         """Bytes held for ``device``."""
-        return sum(m.numel() * m.element_size() for k, m in self._entries.items() if k[-1] == device)
+        return sum(_nbytes(m) for k, m in self._entries.items() if k[-1] == device)
 
     def keys(self) -> list[tuple]:
         return list(self._entries)
@@ -140,6 +135,91 @@ def compute_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, 
     device = torch.device(device)
     key = (d, h, w, tuple(window_size), tuple(shift_size), device)
     return MASK_CACHE.get(key, device, lambda: _build_mask(d, h, w, window_size, shift_size, device))
+
+
+@dataclass(frozen=True)
+class ShiftMask:
+    """The shift mask of :func:`compute_mask` kept compact: only the windows on the last slab along a shifted axis
+    straddle the cyclic border (their tokens come from different regions); every other window's mask is all zeros.
+
+    Window attention takes this in place of the dense ``(num_windows, N, N)`` mask: the zero-mask windows attend with
+    the relative-position bias alone (broadcast over them), the few others with their own mask. The result equals
+    the dense mask's bit for bit, without the ``num_windows x heads x N x N`` bias that the dense mask needs (about
+    1 GB per shifted block of a 16-frame 180 x 320 clip with the demo's VRT).
+
+    Attributes:
+        num_windows: windows per sample (the dense mask's first axis).
+        masked: (M,) int64 indices of the windows whose mask is not all zeros.
+        unmasked: (num_windows - M,) int64 indices of the others.
+        masks: (M, N, N) float32, 0 inside a region and -100 across regions (the dense mask's rows ``masked``).
+    """
+
+    num_windows: int
+    masked: Tensor
+    unmasked: Tensor
+    masks: Tensor
+
+    def dense(self) -> Tensor:
+        """The dense ``(num_windows, N, N)`` mask of :func:`compute_mask`."""
+        n = self.masks.shape[-1]
+        full = self.masks.new_zeros(self.num_windows, n, n)
+        return full.index_copy_(0, self.masked, self.masks)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.masked, self.unmasked, self.masks))
+
+
+def _region_ids(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, device: torch.device) -> Tensor:
+    """Region id of every token of every window: (num_windows, N) float32 (the shifted-window partition's regions)."""
+    img_mask = torch.zeros((1, d, h, w, 1), device=device)
+    cnt = 0
+    slices = [
+        (slice(-ws), slice(-ws, -ss), slice(-ss, None)) for ws, ss in zip(window_size, shift_size)
+    ]
+    for sd in slices[0]:
+        for sh in slices[1]:
+            for sw in slices[2]:
+                img_mask[:, sd, sh, sw, :] = cnt
+                cnt += 1
+    return window_partition(img_mask, window_size).squeeze(-1)  # (nW, N)
+
+
+def _build_shift_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3,
+                      device: torch.device) -> ShiftMask:
+    # a window straddles the border exactly when it is the last along an axis with a shift (the regions of every
+    # other window are the first slice along every axis); found from the sizes, so that it runs on the meta device
+    grid = [n // ws for n, ws in zip((d, h, w), window_size)]
+    mixed = torch.zeros(grid, dtype=torch.bool)
+    for axis, shift in enumerate(shift_size):
+        if shift:
+            mixed.select(axis, grid[axis] - 1).fill_(True)
+    mixed = mixed.flatten()
+    masked = mixed.nonzero().flatten().to(device)
+    unmasked = (~mixed).nonzero().flatten().to(device)
+    ids = _region_ids(d, h, w, window_size, shift_size, device)
+    sel = ids.index_select(0, masked)
+    across = sel.unsqueeze(1) != sel.unsqueeze(2)
+    masks = torch.zeros(across.shape, device=device).masked_fill_(across, -100.0)
+    return ShiftMask(ids.shape[0], masked, unmasked, masks)
+
+
+@torch.compiler.disable  # the cache is Python state: under torch.compile the mask comes in as a graph input
+def compute_shift_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3,
+                       device: torch.device) -> ShiftMask:
+    """The shift mask of :func:`compute_mask` as a :class:`ShiftMask` (cached per size, in the same cache).
+
+    Args:
+        d, h, w: padded input size, multiples of the window.
+        window_size, shift_size: (Wd, Wh, Ww) window and its cyclic shift.
+        device: where the mask lives.
+
+    Returns:
+        The compact mask (shared with later calls: do not modify it).
+    """
+    device = torch.device(device)
+    key = ('windows', d, h, w, tuple(window_size), tuple(shift_size), device)
+    return MASK_CACHE.get(key, device, lambda: _build_shift_mask(d, h, w, window_size, shift_size, device))
 
 
 def relative_position_index(window_size: Size3) -> Tensor:
@@ -266,12 +346,36 @@ class WindowAttention(nn.Module):
             scores = (scores.view(-1, num_windows, *shape[1:]) + window_mask).view(shape)
         return torch.matmul(scores.softmax(dim=-1), v)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def _attend_grouped(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: ShiftMask,
+                        n: int) -> Tensor:
+        """:meth:`_attend` with a :class:`ShiftMask`: the windows whose mask is all zeros attend with ``bias`` alone,
+        broadcast over them; the others with ``bias`` plus their own mask. q, k, v: (B * nW, ..., h, n, hd);
+        bias: (1, h, n, n) or None. Returns (B * nW, ..., h, n, hd), windows in their original order."""
+        num_windows = mask.num_windows
+        rest = q.shape[1:]
+        b = q.shape[0] // num_windows
+        q, k, v = (t.view(b, num_windows, *rest) for t in (q, k, v))
+        out = q.new_empty(b, num_windows, *rest)
+        for index, window_mask in ((mask.unmasked, None), (mask.masked, mask.masks)):
+            count = index.numel()
+            if count == 0:
+                continue
+            q_g, k_g, v_g = (t.index_select(1, index).flatten(0, 1) for t in (q, k, v))
+            if window_mask is None:
+                part = self._attend(q_g, k_g, v_g, bias, 1)
+            else:
+                window_mask = window_mask[:, :n, :n].view(count, *[1] * (len(rest) - 2), n, n)
+                part = self._attend(q_g, k_g, v_g, window_mask if bias is None else bias + window_mask, count)
+            out.index_copy_(1, index, part.view(b, count, *rest))
+        return out.flatten(0, 1)
+
+    def forward(self, x: Tensor, mask: Tensor | ShiftMask | None = None) -> Tensor:
         """Attention inside each window.
 
         Args:
             x: (B * nW, N, C) window tokens.
-            mask: (nW, N_full, N_full) shift mask (0 / -100), or None.
+            mask: the shift mask: dense (nW, N_full, N_full) 0 / -100 (:func:`compute_mask`), or compact
+                (:func:`compute_shift_mask`, same result, far less memory); None for unshifted windows.
 
         Returns:
             (B * nW, N, C).
@@ -283,13 +387,19 @@ class WindowAttention(nn.Module):
         # (a different sum order at each run with several threads); index_select's backward sums in a fixed order
         index = self.relative_position_index[:n, :n].reshape(-1)
         rel_bias = self.relative_position_bias_table.index_select(0, index)
-        bias = rel_bias.view(n, n, h).permute(2, 0, 1).unsqueeze(0)  # (1, h, N, N)
+        # contiguous (h, N, N): added to a mask or handed to the kernel without a strided copy of nW x h x N x N
+        bias = rel_bias.view(n, n, h).permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, h, N, N)
         num_windows = 1
         in_graph = torch.onnx.is_in_onnx_export()  # False under torch.compile (dynamo folds it)
+        if in_graph and isinstance(mask, ShiftMask):
+            mask = mask.dense()
+        grouped = isinstance(mask, ShiftMask)
         if in_graph:
             window_mask = None if mask is None else mask[:, None, :n, :n]
             num_windows = num_windows if mask is None else mask.shape[0]
             out = self._attend_in_graph(qkv[0], qkv[1], qkv[2], bias, window_mask, num_windows)
+        elif grouped:
+            out = self._attend_grouped(qkv[0], qkv[1], qkv[2], bias, mask, n)
         else:
             if mask is not None:
                 num_windows = mask.shape[0]
@@ -302,11 +412,14 @@ class WindowAttention(nn.Module):
             xm = x + self.position_bias.repeat(1, 2, 1)
             qkv = self.qkv_mut(xm).view(b_, 2, half, 3, h, c // h).permute(3, 0, 1, 4, 2, 5)  # (3, B_, 2, h, n/2, hd)
             q, k, v = qkv[0].flip(1), qkv[1], qkv[2]  # frame 2 queries frame 1, frame 1 queries frame 2
-            mut_mask = None if mask is None else mask[:, None, None, :half, :half]
-            if in_graph:
-                mut = self._attend_in_graph(q, k, v, None, mut_mask, num_windows)
+            if grouped:
+                mut = self._attend_grouped(q, k, v, None, mask, half)
             else:
-                mut = self._attend(q, k, v, mut_mask, num_windows)  # (B_, 2, h, n/2, hd)
+                mut_mask = None if mask is None else mask[:, None, None, :half, :half]
+                if in_graph:
+                    mut = self._attend_in_graph(q, k, v, None, mut_mask, num_windows)
+                else:
+                    mut = self._attend(q, k, v, mut_mask, num_windows)  # (B_, 2, h, n/2, hd)
             mut = mut.permute(0, 1, 3, 2, 4).reshape(b_, n, c)
             out = torch.cat([mut, out], dim=2)
         return self.proj(out)
@@ -360,7 +473,7 @@ class TMSA(nn.Module):
         self.norm2 = norm_layer(dim)
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio))
 
-    def _attn_part(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def _attn_part(self, x: Tensor, mask: Tensor | ShiftMask | None) -> Tensor:
         b, d, h, w, _ = x.shape
         window, shift = get_window_size((d, h, w), self.window_size, self.shift_size)
         x = self.norm1(x)
@@ -382,8 +495,9 @@ class TMSA(nn.Module):
     def _ffn_part(self, x: Tensor) -> Tensor:
         return self.drop_path(self.mlp(self.norm2(x)))
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x: (B, D, H, W, C); mask: cached shift mask for the padded size. Returns (B, D, H, W, C)."""
+    def forward(self, x: Tensor, mask: Tensor | ShiftMask | None) -> Tensor:
+        """x: (B, D, H, W, C); mask: cached shift mask for the padded size (dense or :class:`ShiftMask`).
+        Returns (B, D, H, W, C)."""
         grad = torch.is_grad_enabled()
         if self.use_checkpoint_attn and grad:
             x = x + checkpoint(self._attn_part, x, mask, use_reentrant=False)
@@ -442,7 +556,7 @@ class TMSAG(nn.Module):
         _, d, h, w, _ = x.shape
         window, shift = get_window_size((d, h, w), self.window_size, self.shift_size)
         padded = tuple(math.ceil(n / ws) * ws for n, ws in zip((d, h, w), window))
-        mask = compute_mask(*padded, window, shift, x.device) if len(self.blocks) > 1 else None
+        mask = compute_shift_mask(*padded, window, shift, x.device) if len(self.blocks) > 1 else None
         for blk in self.blocks:
             x = blk(x, mask)
         return x

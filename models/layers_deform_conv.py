@@ -15,8 +15,17 @@ from torch.utils.checkpoint import checkpoint
 
 from models.layers_warp import autocast_off, deterministic_kernels, grid_sample
 
+# Bytes of sampled columns (C_in x 9 values per output pixel) that one call of the sampled formulation builds at
+# most: larger inputs are cut into groups of samples, or into bands of output rows of one sample (a band samples the
+# whole input), each a call of its own. The output is the same bit for bit (every output pixel is the same sum of the
+# same products); with autograd, the weight and input gradients are sums over the pieces (rounding-level changes, and
+# only for inputs above this size). Without it a 16-frame 180 x 320 clip of the demo's VRT built 1.4 GB of columns,
+# and as much again for their modulated copy, per alignment (benchmarks/RESULTS.md, "Host memory of CPU inference").
+DEFORM_COLUMNS_BYTES = 256 * 2**20
 
-def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+
+def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tensor, bias: Tensor,
+                           row0: int = 0) -> Tensor:
     """Modulated deformable 3x3 convolution (stride 1, padding 1) as bilinear sampling plus one matmul.
 
     Same semantics as ``torchvision.ops.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)``,
@@ -26,29 +35,70 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
 
     Args:
         x: (N, C_in, H, W).
-        offset: (N, 2 * G * 9, H, W), per offset group and kernel point (dy, dx).
-        mask: (N, G * 9, H, W) modulation.
+        offset: (N, 2 * G * 9, Ho, W), per offset group and kernel point (dy, dx), for output rows
+            ``row0 .. row0 + Ho - 1`` (all of them by default: Ho = H).
+        mask: (N, G * 9, Ho, W) modulation.
         weight: (C_out, C_in / groups, 3, 3).
         bias: (C_out,).
+        row0: the first output row that ``offset`` and ``mask`` describe.
 
     Returns:
-        (N, C_out, H, W).
+        (N, C_out, Ho, W): output rows ``row0 .. row0 + Ho - 1``.
     """
     n, cin, h, w = x.shape
+    ho = offset.shape[2]
     cout, cin_g, kh, kw = weight.shape
     groups, off_groups, points = cin // cin_g, mask.shape[1] // (kh * kw), kh * kw
     ky, kx = torch.meshgrid(torch.arange(kh, dtype=x.dtype, device=x.device) - kh // 2,
                             torch.arange(kw, dtype=x.dtype, device=x.device) - kw // 2, indexing='ij')
-    off = offset.view(n, off_groups, points, 2, h, w)
-    py = torch.arange(h, dtype=x.dtype, device=x.device).view(h, 1) + ky.reshape(points, 1, 1) + off[:, :, :, 0]
+    off = offset.view(n, off_groups, points, 2, ho, w)
+    rows = torch.arange(row0, row0 + ho, dtype=x.dtype, device=x.device).view(ho, 1)
+    py = rows + ky.reshape(points, 1, 1) + off[:, :, :, 0]
     px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + off[:, :, :, 1]
     # align_corners=False with (2p + 1) / size - 1 maps back to pixel p, for a size of 1 too
     grid = torch.stack(((2 * px + 1) / w - 1, (2 * py + 1) / h - 1), dim=-1)
-    cols = grid_sample(x.view(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * h, w, 2),
+    cols = grid_sample(x.view(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * ho, w, 2),
                        mode='bilinear', padding_mode='zeros', align_corners=False)
-    cols = cols.view(n, off_groups, cin // off_groups, points, h, w) * mask.view(n, off_groups, 1, points, h, w)
-    out = torch.matmul(weight.view(groups, cout // groups, cin_g * points), cols.view(n, groups, cin_g * points, h * w))
-    return out.view(n, cout, h, w) + bias.view(1, cout, 1, 1)
+    cols = cols.view(n, off_groups, cin // off_groups, points, ho, w)
+    modulation = mask.view(n, off_groups, 1, points, ho, w)
+    # in place where autograd does not keep the columns (one copy of the largest tensor less)
+    cols = cols.mul_(modulation) if not torch.is_grad_enabled() else cols * modulation
+    out = torch.matmul(weight.view(groups, cout // groups, cin_g * points),
+                       cols.view(n, groups, cin_g * points, ho * w))
+    return out.view(n, cout, ho, w) + bias.view(1, cout, 1, 1)
+
+
+def _pieces(n: int, h: int, row_bytes: int) -> list[tuple[slice, slice]]:
+    """(samples, output rows) of each call, so that one call's columns stay within :data:`DEFORM_COLUMNS_BYTES`;
+    ``row_bytes``: column bytes of one output row of one sample."""
+    budget = DEFORM_COLUMNS_BYTES
+    if row_bytes * h <= budget:
+        step = max(1, budget // (row_bytes * h))
+        return [(slice(s, min(s + step, n)), slice(0, h)) for s in range(0, n, step)]
+    rows = max(1, budget // row_bytes)
+    return [(slice(s, s + 1), slice(r, min(r + rows, h))) for s in range(n) for r in range(0, h, rows)]
+
+
+def _sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """:func:`deform_conv3x3_sampled` in pieces of at most :data:`DEFORM_COLUMNS_BYTES` of columns; with autograd,
+    each piece recomputes its columns in backward instead of storing them."""
+    n, cin, h, w = x.shape
+    pieces = _pieces(n, h, cin * 9 * w * x.element_size())
+    grad = torch.is_grad_enabled()
+    outs: list[Tensor] = []
+    for samples, rows in pieces:
+        args = (x[samples], offset[samples, :, rows], mask[samples, :, rows], weight, bias)
+        kwargs = {'row0': rows.start} if rows.start or rows.stop != h else {}
+        if grad:  # recompute the sampled columns in backward instead of storing them
+            outs.append(checkpoint(deform_conv3x3_sampled, *args, use_reentrant=False, **kwargs))
+        else:
+            outs.append(deform_conv3x3_sampled(*args, **kwargs))
+    if len(outs) == 1:
+        return outs[0]
+    if pieces[0][1] == slice(0, h):  # groups of whole samples
+        return torch.cat(outs, 0)
+    per_sample = len(pieces) // n  # bands of rows, sample after sample
+    return torch.cat([torch.cat(outs[i:i + per_sample], 2) for i in range(0, len(outs), per_sample)], 0)
 
 
 def modulated_deform_conv3x3(x: Tensor, offset: Tensor, mask_logits: Tensor, weight: Tensor, bias: Tensor,
@@ -80,9 +130,7 @@ def modulated_deform_conv3x3(x: Tensor, offset: Tensor, mask_logits: Tensor, wei
             return torchvision.ops.deform_conv2d(inp, off, w, b, padding=(1, 1), mask=mask)
         if impl != 'sampled':
             raise ValueError(f"{owner}.impl must be 'auto', 'torchvision' or 'sampled', got {impl!r}")
-        if torch.is_grad_enabled():  # recompute the sampled columns in backward instead of storing them
-            return checkpoint(deform_conv3x3_sampled, *args, use_reentrant=False)
-        return deform_conv3x3_sampled(*args)
+        return _sampled(*args)
 
 
 class DCNv2PackFlowGuided(nn.Module):

@@ -418,3 +418,24 @@ def startup_line(opt: dict[str, Any], device: torch.device, world_size: int, mic
     return (f"peak memory estimate {needed_gb(estimate):.1f} GB{have} per process ({estimate.precision}, "
             f"{micro_batch} clip(s) of {'x'.join(map(str, estimate.clip))} per forward; "
             f"python scripts/plan_memory.py --opt ... --gpu-mem GB lists settings that fit)")
+
+
+# ------------------------------------------------------------------------------------- CPU inference tile
+# The tile a CPU run of main_test_vrt.py takes when none is given (no --tile, and an option file whose
+# val.num_frame_testing / size_patch_testing say "whole clip" / "whole frame", or a released task's tile above it):
+# at most CPU_TILE[0] frames by CPU_TILE[1] LQ pixels. Host memory grows with the tile, not with the video (frames
+# stream in and out): the demo's VRT peaks at about 2 GiB on a 16-frame 256 x 256 tile, where the whole frames of a
+# 1080p video would need tens of GB (benchmarks/RESULTS.md, "Host memory of CPU inference").
+CPU_TILE = (16, 256)
+
+
+def cpu_tile(tile: tuple[int, int], io: NetIO) -> tuple[int, int]:
+    """``(frames, LQ pixels)`` of a test tile capped to :data:`CPU_TILE` (0, a whole clip or frame, counts as
+    unbounded; the pixels rounded down to the network's padding multiple); frame interpolation keeps its whole clip
+    (the network reads exactly its frames)."""
+    frames, size = tile
+    if not io.frame_interpolation:
+        frames = min(frames, CPU_TILE[0]) if frames else CPU_TILE[0]
+    multiple = io.input_multiple[-1]
+    cap = max(multiple, CPU_TILE[1] // multiple * multiple)
+    return frames, min(size, cap) if size else cap

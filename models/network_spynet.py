@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 SPYNET_URL = 'https://github.com/JingyunLiang/VRT/releases/download/v0.0/spynet_sintel_final-3d2a1287.pth'
 SPYNET_SHA256_PREFIX = '3d2a1287'
+# Bytes of SpyNet's largest activation (64 channels of the full-resolution level) per call without autograd.
+INFERENCE_CHUNK_BYTES = 128 * 2**20
 
 
 class _BasicModule(nn.Module):
@@ -133,10 +135,19 @@ class SpyNet(nn.Module):
             raise ValueError(f'SpyNet needs H and W above 32 pixels, got {h}x{w}')
         h_floor = math.ceil(h / 32.0) * 32
         w_floor = math.ceil(w / 32.0) * 32
-        # plain F.interpolate: input frames never require grad, and the forward kernel is deterministic
-        ref = F.interpolate(ref, size=(h_floor, w_floor), mode='bilinear', align_corners=False)
-        supp = F.interpolate(supp, size=(h_floor, w_floor), mode='bilinear', align_corners=False)
-        flows = self._process(ref, supp, h, w)
+        # without autograd, frame pairs go through in groups whose largest activation (64 channels at the full
+        # level) stays within INFERENCE_CHUNK_BYTES: every op works on each pair alone, so the flows are the same
+        # bits, and a long high-resolution clip does not hold every pair's activations at once
+        step = ref.shape[0]
+        if not torch.is_grad_enabled():
+            step = max(1, INFERENCE_CHUNK_BYTES // (64 * h_floor * w_floor * ref.element_size()))
+        parts = []
+        for i in range(0, max(ref.shape[0], 1), step):
+            # plain F.interpolate: input frames never require grad, and the forward kernel is deterministic
+            r, s = (F.interpolate(t[i:i + step], size=(h_floor, w_floor), mode='bilinear', align_corners=False)
+                    for t in (ref, supp))
+            parts.append(self._process(r, s, h, w))
+        flows = parts[0] if len(parts) == 1 else [torch.cat(level, 0) for level in zip(*parts)]
         return flows[0] if len(flows) == 1 else flows
 
 

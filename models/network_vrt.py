@@ -35,6 +35,9 @@ from models.network_spynet import SpyNet
 
 logger = logging.getLogger(__name__)
 
+# Bytes of the upsampling head's largest activation (64 channels at the output resolution) per call without autograd.
+HEAD_CHUNK_BYTES = 256 * 2**20
+
 
 class Stage(nn.Module):
     """Resolution change, TMSA groups (mutual+self, then self) and parallel warping, channels-last.
@@ -423,13 +426,33 @@ class VRT(nn.Module):
         parts = [x_lq, x_backward, x_forward] + ([noise_map] if noise_map is not None else [])
         feat = self._body(torch.cat(parts, 2), flows_backward, flows_forward)
         b, d, h, w, c = feat.shape
-        feat = feat.permute(0, 1, 4, 2, 3).reshape(b * d, c, h, w)
+        # (B*D, C, H, W) as a view of the channels-last features (channels_last memory format, no copy): oneDNN's
+        # convolutions keep that layout through the head and run 1.3-2x faster on it than on NCHW (forward and
+        # backward; benchmarks/RESULTS.md, "Speed by profiling")
+        feat = feat.reshape(b * d, h, w, c).permute(0, 3, 1, 2)
         if self.upscale == 1:
-            out = self.conv_last(feat)
+            out = self.conv_last(feat).contiguous()
             return out.view(b, d, -1, h, w) + x_lq
-        out = self.conv_last(self.upsample(self.conv_before_upsample(feat)))
+        out = self._reconstruct(feat)
         out = out.view(b, d, -1, *out.shape[-2:])
         return out + F.interpolate(x_lq, size=out.shape[2:], mode='trilinear', align_corners=False)
+
+    def _reconstruct(self, feat: Tensor) -> Tensor:
+        """The upsampling head: (B*D, C0, H, W) -> (B*D, out_chans, sH, sW), contiguous.
+
+        Without autograd the frames go through in groups whose largest activation (64 channels at the output
+        resolution) stays within :data:`HEAD_CHUNK_BYTES`: convolutions and pixel shuffles work on each frame
+        alone, so the output is the same bits, and a long clip does not hold every frame's high-resolution
+        activations at once.
+        """
+        frames = feat.shape[0]
+        step = frames
+        if not torch.is_grad_enabled():
+            per_frame = 64 * self.upscale**2 * feat.shape[2] * feat.shape[3] * feat.element_size()
+            step = max(1, HEAD_CHUNK_BYTES // per_frame)
+        outs = [self.conv_last(self.upsample(self.conv_before_upsample(feat[i:i + step]))).contiguous()
+                for i in range(0, frames, step)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
     def check_input(self, shape: Sequence[int]) -> None:
         """Refuse an input the architecture cannot compute, with one line that says why and what would work.
