@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import glob
 import json
 import logging
 import math
@@ -20,11 +21,12 @@ import torch
 import main_train_vrt
 from engine import evaluate, scoring
 from engine.eval_results import write_csv
+from engine.options import parse_options
 from engine.report import ClipReport, write_report
 from engine.scoring import average_lines, baseline_text, metric_specs
 from engine.validate import BestSoFar
 from tests.support.footage import conv_baseline, downscale, pan, write_clip, write_footage
-from tests.support.helpers import TINY_OPT
+from tests.support.helpers import ROOT, TINY_OPT
 from utils.metrics import METRICS
 from utils.metrics.niqe import niqe_rgb
 from utils.utils_image import imread_rgb
@@ -194,6 +196,30 @@ def test_tables_and_report_are_written_atomically(tmp_path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- training
+REALWORLD_RECIPES = sorted(glob.glob(os.path.join(ROOT, "options", "*", "*_realworld_*.json")))
+
+
+@pytest.mark.parametrize("path", [p for p in REALWORLD_RECIPES if "_demo" not in p], ids=os.path.basename)
+def test_realworld_recipes_validate_with_lpips_and_niqe_and_pick_the_best_by_lpips(path, tmp_path) -> None:
+    """The real-world recipes (GAN and pixel stages of VRT and RVRT): ``val.metrics`` has LPIPS and NIQE beside
+    KAIR's four, the best step is LPIPS's (lower is better, on the set with ground truth), and the commented
+    ``test_footage`` section (the user's own videos, no GT) parses once its ``//`` is removed."""
+    opt = parse_options(path)
+    names = [s.name for s in metric_specs(opt["val"]["metrics"], True)]
+    assert names[:4] == ["psnr", "ssim", "psnr_y", "ssim_y"] and {"lpips", "niqe"} <= set(names)
+    assert opt["val"]["best_metric"] == "lpips" and not METRICS["lpips"].higher_is_better
+    best = BestSoFar(opt["val"]["best_metric"], {"test": True, "test_footage": False})
+    assert best.source == "test"
+    text = open(path, encoding="utf-8").read()
+    commented = re.findall(r"^(\s*)// (, \"test_footage\": .*)$", text, re.M)
+    assert len(commented) == 1, path
+    mine = tmp_path / os.path.basename(path)
+    mine.write_text(text.replace(f"// {commented[0][1]}", commented[0][1]))
+    footage = parse_options(str(mine))["datasets"]["test_footage"]
+    assert footage["dataset_type"] == "VideoFileTestDataset" and footage["dataroot_lq"]
+    assert not footage.get("dataroot_gt")
+
+
 def test_training_validates_on_own_footage_without_gt_and_picks_the_best_by_niqe(workspace, tmp_path, monkeypatch,
                                                                                    capsys) -> None:
     """``datasets.test_footage``: the user's videos, no ground truth, scored with NIQE beside the synthetic GT set
