@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from engine.options import parse_options
-from engine.resume import inexact_resume_reasons
+from engine.resume import epoch_items, inexact_resume_reasons
 from models.model_gan import ModelGAN
 from models.model_plain import ModelPlain
 from models.trainable_unit import TrainableUnit
@@ -57,6 +57,15 @@ def _flat(obj, prefix: str = "") -> dict[str, object]:
     for key, value in items:
         out.update(_flat(value, f"{prefix}{key}."))
     return out
+
+
+def test_a_checkpoint_older_than_items_in_epoch_resumes_at_every_ranks_position():
+    """Before ``items_in_epoch``, a state file counted one rank's batches (``batches_in_epoch``), with one RNG
+    state per rank: all ranks together consumed batches x per-process batch x ranks items."""
+    assert epoch_items({"batches_in_epoch": 3, "rng": [{}, {}]}, per_process=2) == 12
+    assert epoch_items({"batches_in_epoch": 3, "rng": [{}]}, per_process=2) == 6
+    assert epoch_items({"items_in_epoch": 7, "batches_in_epoch": 3, "rng": [{}, {}]}, per_process=2) == 7
+    assert epoch_items({}, per_process=2) == 0
 
 
 @pytest.mark.parametrize("name", ["plain", "gan"])
@@ -204,6 +213,22 @@ def test_a_network_beside_g_is_one_declaration_and_saves_loads_and_resumes_with_
     fresh.load_pretrained()
     saved = torch.load(os.path.join(model.models_dir, "2_T.pth"), weights_only=True)["params"]
     assert all(torch.equal(v, saved[k]) for k, v in fresh.units["T"].net.state_dict().items())
+
+
+def test_a_pretrained_g_without_a_pretrained_e_starts_e_as_its_copy(tmp_path):
+    """``path.pretrained_netG`` without ``pretrained_netE``: the EMA copy starts from the loaded G (KAIR), not from
+    the random initialisation it was built with."""
+    torch.manual_seed(0)
+    source = ModelPlain(_opt(tmp_path / "a"), CPU)
+    source.init_train()
+    source.save(1, {"epoch": 0})
+    torch.manual_seed(1)
+    model = ModelPlain(_opt(tmp_path / "b"), CPU)
+    model.opt["path"]["pretrained_netG"] = os.path.join(source.models_dir, "1_G.pth")
+    model.init_train()
+    model.load_pretrained()
+    g, e = model.units["G"].net.state_dict(), model.units["G"].ema.state_dict()
+    assert all(torch.equal(v, source.net_g.state_dict()[k]) and torch.equal(e[k], v) for k, v in g.items())
 
 
 def test_d_optimizer_files_get_gs_parameter_group_check_and_pretrained_d_is_checked_like_g(tmp_path, caplog):
