@@ -167,8 +167,9 @@ def setup_model(args: argparse.Namespace) -> TestSetup:
     sigma = int(args.sigma if args.sigma is not None else sigma)
     check_sigma(io, sigma, given=sigma_given)
     if args.tile is None and not isinstance(net, OnnxNetwork) and _runs_on_cpu(args):
+        default_tile = tuple(default_tile[:2])  # a TaskSpec's tile is (frames, height, width); width follows height
         capped = cpu_tile(default_tile, io)  # a tile that fits a laptop's memory (models/memory_plan.py)
-        if capped != tuple(default_tile):
+        if capped != default_tile:
             logger.info("CPU run: tiles of %d frames x %d pixels (the CPU default; --tile chooses)", *capped)
         default_tile = capped
     if isinstance(net, OnnxNetwork):  # the weights are in the graph, which runs on its own tile
@@ -255,7 +256,10 @@ def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
                                                  "temporal_scale": 2})
         if setup.vimeo_mirror:
             return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "mirror_sequence": True})
-        return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "pad_sequence": True, "temporal_scale": 1})
+        # VRT's official script pads the 7 frames to 8 for its 8-frame windows; a network that takes any number of
+        # frames (NetIO.input_multiple; IART, whose official script scores the 7 as they are) gets them as they are
+        pad = setup.io.input_multiple[0] > 1
+        return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "pad_sequence": pad, "temporal_scale": 1})
     if setup.vfi:
         for key, cls_name in (("davis", "VFI_DAVIS"), ("ucf101", "VFI_UCF101"), ("vid4", "VFI_Vid4")):
             if key in lq.lower():

@@ -291,8 +291,13 @@ class WindowAttention3D(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
         """(B, h, N, hd) each, bias (1, h, N, N) broadcast over B -> (B, h, N, hd)."""
-        if torch.onnx.is_in_onnx_export():  # the fused call's ONNX form would fold an expanded bias per block
-            return ((q * self.scale) @ k.transpose(-2, -1) + bias).softmax(dim=-1) @ v
+        # ONNX: the fused call's form would fold an expanded bias per block. CPU training with a trainable bias: the
+        # windows are the batch axis here, which attention()'s CPU bias backward walks one window at a time, and
+        # SDPA's math kernel adds a -inf scan of the scores (15% of a released-size train step); the plain formula
+        # keeps one block's probabilities for backward, as the official's does
+        if torch.onnx.is_in_onnx_export() or (q.device.type == 'cpu' and bias.requires_grad
+                                              and torch.is_grad_enabled()):
+            return ((q * self.scale) @ k.transpose(-2, -1) + bias.to(q.dtype)).softmax(dim=-1) @ v
         return attention(q, k, v, bias.to(q.dtype), self.scale)
 
 

@@ -20,6 +20,7 @@ from torch import Tensor
 
 import models.network_iart as iart_mod
 from engine import evaluate
+from models.memory_plan import cpu_tile
 from models.model_zoo import IART_AUTHOR_FOLDER, TASKS, ModelZooError
 from models.net_io import net_io
 from models.network_iart import IART, MIN_LQ_SIZE, PropagationTransformer
@@ -51,11 +52,12 @@ def _golden(case: str) -> dict:
 
 
 def _case_input(data: dict) -> Tensor:
-    """The fixture script's input: seeded float32 frames (cast exactly for float64), mirrored where the case says."""
-    x = torch.rand(data['shape'], generator=torch.Generator().manual_seed(data['seed']))
+    """The fixture script's input: seeded uniform frames drawn in the case's dtype, mirrored where the case says."""
+    x = torch.rand(data['shape'], generator=torch.Generator().manual_seed(data['seed']),
+                   dtype=getattr(torch, data['dtype']))
     if data['mirror']:
         x = torch.cat([x, x.flip(1)], dim=1)
-    return x.to(getattr(torch, data['dtype']))
+    return x
 
 
 def _case_net(data: dict) -> IART:
@@ -249,12 +251,13 @@ def test_bf16_autocast_keeps_flows_and_sampling_positions_fp32() -> None:
     net = _tiny().eval()
     x = torch.rand(1, 3, 3, 64, 64, generator=torch.Generator().manual_seed(6))
     seen = []
-    net.spynet.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
+    for conv in (net.spynet.basic_module[0].basic_module[0], net.spynet.basic_module[5].basic_module[8]):
+        conv.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
     with torch.no_grad():
         full = net(x)
         with torch.autocast('cpu', dtype=torch.bfloat16):
             half = net(x)
-    assert set(seen) == {(torch.float32, torch.float32)}
+    assert len(seen) == 4 and set(seen) == {(torch.float32, torch.float32)}  # SpyNet's convolutions run in fp32
     assert torch.isfinite(half).all() and (half.float() - full).abs().mean() < 0.05
 
 
@@ -306,7 +309,9 @@ def test_released_file_loads_strictly_through_the_task(released_file, monkeypatc
     monkeypatch.chdir(tmp_path)
     args = evaluate.build_parser().parse_args(['--task', 'IART_REDS_BI_N6', '--model_path', str(released_file)])
     setup = evaluate.setup_model(args)
-    assert isinstance(setup.net, IART) and setup.tile == (0, 0) and setup.io.min_size == 64
+    # whole clips and frames, capped on the CPU (models/memory_plan.py::cpu_tile) to tiles of at least 64 pixels
+    assert isinstance(setup.net, IART) and setup.tile == cpu_tile((0, 0), setup.io) and setup.io.min_size == 64
+    assert setup.tile[1] >= MIN_LQ_SIZE
     saved = torch.load(released_file, weights_only=True)['params']
     ours = setup.net.state_dict()
     for key in ('implicit_warp.position_bias', 'swin_backbone.forward_2.layers.2.residual_group.blocks.5.attn.'
@@ -342,6 +347,36 @@ def test_bad_input_is_one_line_and_exit_2(bad, tmp_path, monkeypatch, caplog) ->
                                 '48x48'}[bad]
     assert expected in errors[0]
     assert not list(save.rglob('*.png')) and not (save / 'metrics.csv').exists()
+
+
+def test_vimeo90k_t_runs_the_seven_frames_as_the_official_script(tmp_path, monkeypatch) -> None:
+    """IART's official Vimeo-90K-T script runs a septuplet's 7 frames as they are and scores the centre one (index 3,
+    im4); VRT's pads them to 8 for its 8-frame windows. The rule is the network's temporal padding multiple
+    (``NetIO.input_multiple``): IART takes any number of frames, VRT's window does not."""
+    from engine import eval_setup
+
+    g = torch.Generator().manual_seed(7)
+    for n in range(1, 8):
+        imwrite_rgb(str(tmp_path / 'vimeo' / 'BIx4' / '00001' / '0001' / f'im{n}.png'),
+                    torch.rand(3, 64, 64, generator=g))
+        imwrite_rgb(str(tmp_path / 'vimeo' / 'GT' / '00001' / '0001' / f'im{n}.png'),
+                    torch.rand(3, 256, 256, generator=g))
+    meta = tmp_path / 'meta_info_Vimeo90K_test_GT.txt'
+    meta.write_text('00001/0001 (256,448,3)\n')
+    monkeypatch.setattr(eval_setup, 'VIMEO_META', str(meta))
+    args = evaluate.build_parser().parse_args(['--folder_lq', str(tmp_path / 'vimeo' / 'BIx4'),
+                                               '--folder_gt', str(tmp_path / 'vimeo' / 'GT')])
+    net = _tiny().eval()
+    setup = eval_setup.TestSetup(name='iart', net=net, io=net.io, tile=(0, 0), tile_overlap=(10, 20),
+                                 vimeo_mirror=False, sigma=0)
+    item = eval_setup.build_test_set(args, setup)[0]
+    assert item['L'].shape == (7, 3, 64, 64)
+    out = eval_setup.restore_clip(setup, item, torch.device('cpu'), None, vimeo=True)
+    with torch.no_grad():
+        expected = net(item['L'][None])[0, 3:4]
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    vrt_like = dataclasses.replace(setup, io=dataclasses.replace(net.io, input_multiple=(8, 8, 8)))
+    assert eval_setup.build_test_set(args, vrt_like)[0]['L'].shape[0] == 8  # the last frame repeated, as VRT's
 
 
 # ----------------------------------------------------------------------------------------------- recipes

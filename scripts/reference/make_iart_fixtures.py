@@ -62,11 +62,12 @@ FULL_GRAD = 256  # parameter gradients up to this many entries are stored whole;
 
 
 def case_input(case: dict[str, Any]) -> torch.Tensor:
-    """The case's input: seeded float32 uniform frames (cast exactly for float64), mirrored where the case says."""
-    x = torch.rand(case["shape"], generator=torch.Generator().manual_seed(case["seed"]))
+    """The case's input: seeded uniform frames drawn in the case's dtype, mirrored where the case says."""
+    x = torch.rand(case["shape"], generator=torch.Generator().manual_seed(case["seed"]),
+                   dtype=getattr(torch, case["dtype"]))
     if case["mirror"]:
         x = torch.cat([x, x.flip(1)], dim=1)
-    return x.to(getattr(torch, case["dtype"]))
+    return x
 
 
 def shape_entry(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
