@@ -3,12 +3,16 @@
 Examples:
     python benchmarks/bench_vrt.py --preset tiny --iters 5
     python benchmarks/bench_vrt.py --preset tiny --reference-dir /tmp/ref/JingyunLiang+VRT   # side by side
+    python benchmarks/bench_vrt.py --preset tiny --baseline HEAD~3    # ours before/after a change, one process
     python benchmarks/bench_vrt.py --opt options/vrt/001_train_vrt_videosr_bi_reds_6frames.json --device cuda \
         --amp bf16 --batch 1
 
 A train step is: forward, Charbonnier loss mean(sqrt((x - y)^2 + eps)), backward, Adam step. With
 ``--reference-dir`` the reference ``models/network_vrt.py`` of that directory (never part of this project) is
-imported, given the same weights, and timed alternately with ours in the same process. On CUDA the peak memory is
+imported, given the same weights, and timed alternately with ours in the same process. With ``--baseline REV``
+this project's own network at git revision REV (its ``models/`` and ``utils/`` extracted to a scratch directory
+and imported under their usual names, then put aside) is timed beside the working tree's, in the same process.
+On CUDA the peak memory is
 ``max_memory_allocated``; on CPU it is the rise of the peak resident set size of a forked child that runs the
 same measurement (so both networks are measured from the same starting point).
 """
@@ -22,7 +26,9 @@ import importlib.util
 import json
 import os
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +81,33 @@ def _load_reference(directory: str) -> type[nn.Module]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.VRT
+
+
+def load_baseline(rev: str, module: str, name: str) -> Any:
+    """``module.name`` (e.g. ``models.network_vrt``, ``VRT``) from this repository at git revision ``rev``.
+
+    The revision's ``models/`` and ``utils/`` are extracted to a scratch directory and imported under their own
+    names while the working tree's modules are set aside; afterwards the working tree's modules are put back, so
+    both versions live in one process (each keeps the module globals it was imported with).
+    """
+    root = Path(__file__).resolve().parents[1]
+    target = Path(tempfile.gettempdir()) / f'bench_baseline_{rev.replace("/", "_").replace("~", "-")}'
+    target.mkdir(exist_ok=True)
+    archive = subprocess.run(['git', '-C', str(root), 'archive', rev, 'models', 'utils'], check=True,
+                             capture_output=True).stdout
+    subprocess.run(['tar', '-x', '-C', str(target)], input=archive, check=True)
+    packages = ('models', 'utils')
+    saved = {k: v for k, v in sys.modules.items() if k.split('.')[0] in packages}
+    for key in saved:
+        del sys.modules[key]
+    sys.path.insert(0, str(target))
+    try:
+        return getattr(importlib.import_module(module), name)
+    finally:
+        sys.path.remove(str(target))
+        for key in [k for k in sys.modules if k.split('.')[0] in packages]:
+            del sys.modules[key]
+        sys.modules.update(saved)
 
 
 def _charbonnier(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-9) -> torch.Tensor:
@@ -211,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
     add_run_args(parser, 'torch.compile our network', iters=5)
     parser.add_argument('--reference-dir', help='directory with the reference models/network_vrt.py to compare')
+    parser.add_argument('--baseline', metavar='REV', help='also time this repository\'s VRT at git revision REV')
     parser.add_argument('--deterministic', choices=('on', 'off', 'both'),
                         help="torch.use_deterministic_algorithms during the measurement; 'both' times our network "
                              "with and without it, alternately")
@@ -239,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         reference = ref_cls(**ref_kwargs).to(device)
         reference.load_state_dict(ours.state_dict(), strict=True)
         nets['reference'] = reference
+    if args.baseline:
+        baseline = load_baseline(args.baseline, 'models.network_vrt', 'VRT')(**kwargs).to(device)
+        baseline.load_state_dict(ours.state_dict(), strict=True)
+        nets['baseline'] = baseline
     if args.compile:
         nets['ours'] = torch.compile(ours)
     modes = {'on': [True], 'off': [False], 'both': [True, False], None: [None]}[args.deterministic]
@@ -258,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                          'train_step_s': round(m['train_step_s'], 4), 'peak_mem_mb': round(m['peak_mem_mb'], 1),
                          'train_samples_per_s': round(args.batch / m['train_step_s'], 3)}
         print(json.dumps(results[name]), flush=True)
+    if 'baseline' in results:
+        r, o = results['baseline'], results['ours']
+        print(json.dumps({'speedup_vs_baseline_train_step': round(r['train_step_s'] / o['train_step_s'], 3),
+                          'speedup_vs_baseline_forward': round(r['forward_s'] / o['forward_s'], 3)}), flush=True)
     if 'reference' in results:
         r, o = results['reference'], results['ours']
         print(json.dumps({'speedup_train_step': round(r['train_step_s'] / o['train_step_s'], 3),
