@@ -556,7 +556,9 @@ class TMSAG(nn.Module):
         _, d, h, w, _ = x.shape
         window, shift = get_window_size((d, h, w), self.window_size, self.shift_size)
         padded = tuple(math.ceil(n / ws) * ws for n, ws in zip((d, h, w), window))
-        mask = compute_shift_mask(*padded, window, shift, x.device) if len(self.blocks) > 1 else None
+        # an ONNX graph takes the dense mask (a constant of the graph); building the compact one is not traceable
+        make_mask = compute_mask if torch.onnx.is_in_onnx_export() else compute_shift_mask
+        mask = make_mask(*padded, window, shift, x.device) if len(self.blocks) > 1 else None
         for blk in self.blocks:
             x = blk(x, mask)
         return x
