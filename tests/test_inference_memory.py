@@ -154,8 +154,8 @@ CHILD = textwrap.dedent('''
 
 def test_demo_network_inference_peak_memory() -> None:
     """The demo's VRT as an x2 model on an 8-frame 96 x 160 clip (chunk budgets scaled down to 4 MB, so that the
-    pieces show at this size): the forward's peak resident memory rises by less than 360 MiB (measured 275-289 MiB;
-    with whole-clip columns, SpyNet and head, 505 MiB)."""
+    pieces show at this size): the forward's peak resident memory rises by less than 360 MiB (measured 274-276 MiB;
+    with whole-clip columns, SpyNet and head, 482 MiB)."""
     # a fixed mmap threshold: freed activations go back to the system, so the resident peak follows the live tensors
     env = {'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1', 'PATH': '/usr/bin:/bin', 'MALLOC_MMAP_THRESHOLD_': '65536'}
     done = subprocess.run([sys.executable, '-c', CHILD, json.dumps(_demo_sr2())], cwd=ROOT, capture_output=True,
