@@ -28,7 +28,6 @@ from torch.utils.data import Dataset
 from data.data_roots import nearest_existing, writes_synthetic
 from data.dataset_options import AUGMENT, NOISE_RANGE, RGB_CHANNELS, at_least, resolve_options
 from data.dataset_synthetic import bicubic_downsample
-from data.dataset_video_file import VIDEO_EXTENSIONS, is_video_file, list_videos
 from data.degradation_pipeline import DEGRADATION_OPTIONS, build_degradation
 from data.synthetic_videos import SYNTHESIZE_DEFAULTS, refuse_synthesize, synthesize_videos
 from data.video_frame_index import (
@@ -42,7 +41,7 @@ from data.video_frame_index import (
 from utils import utils_dist, utils_video
 from utils.utils_option_schema import OPT_INT, OPT_NUM, OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError
-from utils.utils_video_file import VideoFileError
+from utils.utils_video_file import VIDEO_EXTENSIONS, VideoFileError, is_video_file, list_videos
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from data import dataset_video_test as dvt
-from data.dataset_video_file import VideoFileTestDataset, is_video_file, list_videos
 from data.frame_sources import sigma_map
+from data.select_dataset import define_test_set
 from engine.options import parse_options
 from models.memory_plan import cpu_tile
 from models.model_zoo import TASKS, testset_url
@@ -34,9 +33,6 @@ from utils.metrics.weights import DEFAULT_WEIGHTS_DIR
 from utils.utils_numerics import AMP_DTYPES
 
 logger = logging.getLogger(__name__)
-
-VIMEO_META = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "meta_info",
-                          "meta_info_Vimeo90K_test_GT.txt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,32 +237,10 @@ def build_test_set(args: argparse.Namespace, setup: TestSetup) -> Dataset:
                 testset_url(n) for n in TASKS[args.task].test_sets)
         raise FileNotFoundError(f"--folder_lq {lq} does not exist (nothing is downloaded at run time).{hint}")
     sigma = setup.sigma if setup.io.noise_map else 0  # noise is only synthesised for denoising models
-    if is_video_file(lq) or (os.path.isdir(lq) and list_videos(lq)):
-        if setup.vfi:
-            frames = setup.io.clip_frames or "input"
-            raise ValueError(f"--folder_lq {lq}: frame interpolation is tested on the frame folders of the "
-                             "interpolation test sets (a path naming vimeo, davis, ucf101 or vid4, whose items give "
-                             f"the network its {frames} frames and score the frame between them), not on video files")
-        return VideoFileTestDataset({"dataroot_lq": lq, "dataroot_gt": gt, "sigma": sigma})
-    common = {"dataroot_gt": gt, "dataroot_lq": lq, "sigma": sigma, "num_frame": -1, "cache_data": False}
-    if "vimeo" in lq.lower():
-        vimeo = {"meta_info_file": VIMEO_META, "num_frame": 7, "cache_data": False, "dataroot_gt": gt}
-        if setup.vfi:
-            return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": gt, "pad_sequence": False,
-                                                 "temporal_scale": 2})
-        if setup.vimeo_mirror:
-            return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "mirror_sequence": True})
-        # VRT's official script pads the 7 frames to 8 for its 8-frame windows; a network that takes any number of
-        # frames (NetIO.input_multiple; IART, whose official script scores the 7 as they are) gets them as they are
-        pad = setup.io.input_multiple[0] > 1
-        return dvt.VideoTestVimeo90KDataset({**vimeo, "dataroot_lq": lq, "pad_sequence": pad, "temporal_scale": 1})
-    if setup.vfi:
-        for key, cls_name in (("davis", "VFI_DAVIS"), ("ucf101", "VFI_UCF101"), ("vid4", "VFI_Vid4")):
-            if key in lq.lower():
-                return getattr(dvt, cls_name)(data_root=gt)
-    if gt is not None:
-        return dvt.VideoRecurrentTestDataset(common)
-    return dvt.SingleVideoRecurrentTestDataset(common)
+    # VRT's official script pads Vimeo-90K-T's 7 frames to 8 for its 8-frame windows; a network that takes any number
+    # of frames (NetIO.input_multiple; IART, whose official script scores the 7 as they are) gets them as they are
+    return define_test_set(lq, gt, sigma=sigma, vfi=setup.vfi, vimeo_mirror=setup.vimeo_mirror,
+                           pad_vimeo=setup.io.input_multiple[0] > 1, vfi_frames=setup.io.clip_frames)
 
 
 def restore_clip(setup: TestSetup, item: dict[str, Any], device: torch.device,

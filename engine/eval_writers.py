@@ -14,13 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.dataset_video_file import clip_video_writer
 from engine.eval_jobs import Segment
 from engine.eval_run import EvalClip, EvalRun, side_file
 from engine.report import comparison_panels, encode_png
 from utils.metrics.niqe import rgb_to_y
 from utils.utils_fs import atomic_open, temporary_name
-from utils.utils_video_file import VideoReader, VideoWriter
+from utils.utils_video_file import VideoReader, VideoWriter, clip_video_writer
 
 
 def u8(frame: torch.Tensor) -> np.ndarray:

@@ -45,7 +45,6 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data.dataset_video_file import write_clip_video
 from engine import eval_jobs
 from engine.eval_jobs import Segment
 from engine.eval_results import finish_clips, log_ready_clips, write_results
@@ -60,7 +59,7 @@ from utils import utils_checkpoint, utils_dist
 from utils.utils_fs import atomic_open
 from utils.utils_image import imwrite_rgb
 from utils.utils_signals import ignore_stop_signals, install_stop_handler, restore_handlers
-from utils.utils_video_file import VideoWriter
+from utils.utils_video_file import VideoWriter, write_clip_video
 
 # what callers (tests, benchmarks, scripts) reach through this module
 __all__ = ["TestSetup", "build_parser", "build_test_set", "main", "restore_clip", "run", "setup_model"]

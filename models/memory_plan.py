@@ -430,12 +430,20 @@ CPU_TILE = (16, 256)
 
 
 def cpu_tile(tile: tuple[int, int], io: NetIO) -> tuple[int, int]:
-    """``(frames, LQ pixels)`` of a test tile capped to :data:`CPU_TILE` (0, a whole clip or frame, counts as
-    unbounded; the pixels rounded down to the network's padding multiple); frame interpolation keeps its whole clip
-    (the network reads exactly its frames)."""
+    """``(frames, LQ pixels)`` of a test tile within the CPU budget of :data:`CPU_TILE` (0, a whole clip or frame,
+    counts as unbounded; the pixels rounded down to the network's padding multiple).
+
+    Host memory follows frames x pixels, so the budget is ``CPU_TILE[0] x CPU_TILE[1]**2`` frame-pixels. A network's
+    own temporal tile (``NetIO.temporal_tile``: BasicVSR++'s 100 frames overlapping by 10) keeps its frames and
+    takes smaller spatial tiles: its recurrence carries information along the tile, and 16-frame tiles overlapping
+    by 10 would restore every frame about 3 times. Other tiles take at most ``CPU_TILE[0]`` frames. Frame
+    interpolation keeps its whole clip (the network reads exactly its frames).
+    """
     frames, size = tile
-    if not io.frame_interpolation:
+    keep = io.frame_interpolation or (frames and frames == io.temporal_tile)
+    if not keep:
         frames = min(frames, CPU_TILE[0]) if frames else CPU_TILE[0]
     multiple = io.input_multiple[-1]
-    cap = max(multiple, CPU_TILE[1] // multiple * multiple)
+    side = CPU_TILE[1] if not frames else int(math.sqrt(CPU_TILE[0] * CPU_TILE[1] ** 2 / max(frames, 1)))
+    cap = max(multiple, min(CPU_TILE[1], side) // multiple * multiple)
     return frames, min(size, cap) if size else cap

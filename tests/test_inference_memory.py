@@ -169,10 +169,14 @@ def test_cpu_default_tile_caps_the_whole_clip_and_frame() -> None:
     io = NetIO(scale=2, input_multiple=(2, 8, 8), temporal_tile=40)
     frames, size = memory_plan.CPU_TILE
     assert memory_plan.cpu_tile((0, 0), io) == (frames, size)  # whole clip, whole frame
-    assert memory_plan.cpu_tile((40, 128), io) == (frames, 128)  # a released tile: fewer frames
+    assert memory_plan.cpu_tile((40, 128), io) == (40, 128)  # the network's own temporal tile, within the budget
+    assert memory_plan.cpu_tile((40, 0), io) == (40, 160)  # its frames kept, smaller spatial tiles (16 x 256**2)
+    assert memory_plan.cpu_tile((24, 128), io) == (frames, 128)  # another tile: fewer frames
     assert memory_plan.cpu_tile((4, 64), io) == (4, 64)  # smaller tiles stay
     assert memory_plan.cpu_tile((0, 0), NetIO(input_multiple=(1, 24, 24)))[1] == size // 24 * 24
     assert memory_plan.cpu_tile((0, 0), NetIO(frame_interpolation=True, clip_frames=4))[0] == 0
+    stated = NetIO(temporal_tile=100, temporal_overlap=10)  # a recurrent network's own tile stays
+    assert memory_plan.cpu_tile((100, 0), stated) == (100, 102) and memory_plan.cpu_tile((0, 0), stated)[0] == frames
 
 
 @pytest.mark.parametrize(('device', 'tile', 'expected'), [

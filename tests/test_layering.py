@@ -50,6 +50,18 @@ def test_imports_go_one_way():
     assert not offenders, "imports against the layering:\n" + "\n".join(offenders)
 
 
+# what engine/ may take from data/: the registry and the options, the data roots and the frame sources; never a
+# particular dataset's module (a dataset is built by name through data.select_dataset)
+ENGINE_DATA_MODULES = {"data.select_dataset", "data.dataset_options", "data.data_roots", "data.frame_sources"}
+
+
+def test_engine_builds_datasets_through_the_registry_only():
+    graph = _module_graph(ROOT)
+    offenders = sorted(f"{m} imports {d}" for m, deps in graph.items() if m.startswith("engine.")
+                       for d in deps if d.startswith("data.") and d not in ENGINE_DATA_MODULES)
+    assert not offenders, "engine/ imports a dataset module:\n" + "\n".join(offenders)
+
+
 def _module_graph(root: str, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
     """``{module: the project modules it imports}`` (``from a.b import c`` counts ``a.b``, and ``a.b.c`` when that is a
     module; imports inside functions included)."""

@@ -353,6 +353,7 @@ def test_vimeo90k_t_runs_the_seven_frames_as_the_official_script(tmp_path, monke
     """IART's official Vimeo-90K-T script runs a septuplet's 7 frames as they are and scores the centre one (index 3,
     im4); VRT's pads them to 8 for its 8-frame windows. The rule is the network's temporal padding multiple
     (``NetIO.input_multiple``): IART takes any number of frames, VRT's window does not."""
+    from data import select_dataset
     from engine import eval_setup
 
     g = torch.Generator().manual_seed(7)
@@ -363,7 +364,7 @@ def test_vimeo90k_t_runs_the_seven_frames_as_the_official_script(tmp_path, monke
                     torch.rand(3, 256, 256, generator=g))
     meta = tmp_path / 'meta_info_Vimeo90K_test_GT.txt'
     meta.write_text('00001/0001 (256,448,3)\n')
-    monkeypatch.setattr(eval_setup, 'VIMEO_META', str(meta))
+    monkeypatch.setattr(select_dataset, 'VIMEO_META', str(meta))
     args = evaluate.build_parser().parse_args(['--folder_lq', str(tmp_path / 'vimeo' / 'BIx4'),
                                                '--folder_gt', str(tmp_path / 'vimeo' / 'GT')])
     net = _tiny().eval()

@@ -205,16 +205,7 @@ TRACKERS: dict[str, type[Tracker]] = {"wandb": WandbTracker, "mlflow": MlflowTra
 def _agreed(func: Callable[[], T]) -> T | None:
     """``func()`` on rank 0 (``None`` elsewhere); a :class:`TrackerError` there is raised on every rank, so no rank
     goes on to wait in a collective for a rank 0 that has stopped."""
-    result, error = None, None
-    if utils_dist.get_rank() == 0:
-        try:
-            result = func()
-        except TrackerError as exc:
-            error = str(exc)
-    error = utils_dist.broadcast_object(error)
-    if error:
-        raise TrackerError(error)
-    return result
+    return utils_dist.rank0_first(func, catch=(TrackerError,), raise_as=lambda _, text: TrackerError(text))
 
 
 def _sections(opt: Mapping[str, Any]) -> dict[str, Any]:
