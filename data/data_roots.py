@@ -1,6 +1,7 @@
 """The data roots an option file names must exist before a run starts: a missing one is one line naming the key,
 the path and the nearest existing folder, and synthetic data is written only where the option file asks for it
-for that very path (``synthesize_if_missing.root``, the real-world demo), never into a misspelt folder."""
+for that very path (``synthesize_if_missing.root``, the real-world demo's training videos and footage), never into a
+misspelt folder."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ def same_path(a: str | None, b: str | None) -> bool:
     return bool(a) and bool(b) and os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
 
 
-def writes_synthetic(dataset_opt: Mapping[str, Any]) -> bool:
-    """The data set may write synthetic videos into its ``dataroot_gt``: its ``synthesize_if_missing`` names that
-    very folder as its ``root``."""
+def writes_synthetic(dataset_opt: Mapping[str, Any], key: str = "dataroot_gt") -> bool:
+    """The data set may write synthetic videos into its ``key`` folder (``dataroot_gt`` of a training set,
+    ``dataroot_lq`` of a footage set without GT): its ``synthesize_if_missing`` names that very folder as its
+    ``root``."""
     spec = dataset_opt.get("synthesize_if_missing")
-    return isinstance(spec, Mapping) and same_path(spec.get("root"), dataset_opt.get("dataroot_gt"))
+    return isinstance(spec, Mapping) and same_path(spec.get("root"), dataset_opt.get(key))
 
 
 def nearest_existing(path: str) -> str:
@@ -52,7 +54,7 @@ def missing_data_root(datasets: Mapping[str, Mapping[str, Any]]) -> str | None:
             path = dataset_opt.get(key)
             if not isinstance(path, str) or not path or os.path.exists(path):
                 continue
-            if key == "dataroot_gt" and writes_synthetic(dataset_opt):
+            if writes_synthetic(dataset_opt, key):
                 continue
             return (f"datasets.{phase}.{key} = {path} does not exist (nearest existing folder: "
                     f"{nearest_existing(path)})")

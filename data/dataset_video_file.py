@@ -20,8 +20,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from data.data_roots import writes_synthetic
 from data.dataset_options import RGB_CHANNELS, resolve_options
 from data.frame_sources import NOISE_OPTIONS, NoisyFrames, add_noise, sigma_map
+from data.synthetic_videos import SYNTHESIZE_DEFAULTS, refuse_synthesize, synthesize_videos
+from utils import utils_dist
 from utils.utils_option_schema import OPT_STR, REQUIRED, Opt
 from utils.utils_video_file import (
     VIDEO_EXTENSIONS,
@@ -132,11 +135,24 @@ class VideoFileTestDataset(Dataset):
         "dataroot_lq": Opt(str, REQUIRED, f"A video file, or a folder of them ({', '.join(VIDEO_EXTENSIONS)})."),
         "dataroot_gt": Opt(OPT_STR, None, "The GT video, or a folder of GT videos named like the LQ ones (null: "
                            "no scores)."),
+        "synthesize_if_missing": Opt((dict, type(None)), None, "Footage without GT (no `dataroot_gt`): when "
+                                     "`dataroot_lq` does not exist and is the folder this names as `root`, write "
+                                     "synthetic H.264 videos there first (rank 0, atomically), with the keys of the "
+                                     "training set's `synthesize_if_missing` (the real-world demo's held-out "
+                                     "footage). A `dataroot_lq` other than `root` is never written. null: never "
+                                     "write.", refuse=refuse_synthesize),
     }
 
     def __init__(self, opt: dict[str, Any]) -> None:
         super().__init__()
         self.opt = opt = resolve_options(type(self), opt)
+        if opt["synthesize_if_missing"] and opt["dataroot_gt"]:
+            raise ValueError(f"{type(self).__name__}: synthesize_if_missing writes footage without GT; leave "
+                             "dataroot_gt unset")
+        if writes_synthetic(opt, "dataroot_lq"):
+            spec = {k: v for k, v in opt["synthesize_if_missing"].items() if k != "root"}
+            utils_dist.rank0_first(lambda: synthesize_videos(opt["dataroot_lq"], {**SYNTHESIZE_DEFAULTS, **spec},
+                                                             "dataroot_lq"))
         self.lq_files = list_videos(opt["dataroot_lq"])
         if not self.lq_files:
             raise FileNotFoundError(f"dataroot_lq={opt['dataroot_lq']!r}: no video file "

@@ -1,5 +1,6 @@
-"""Synthetic H.264 GT videos for the real-world demo: written into the folder an option file's
-``synthesize_if_missing`` names (``data.data_roots.writes_synthetic`` decides whether it may), whole or not at all.
+"""Synthetic H.264 videos for the real-world demo (its training GT videos and its held-out footage without GT):
+written into the folder an option file's ``synthesize_if_missing`` names (``data.data_roots.writes_synthetic``
+decides whether it may), whole or not at all.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def refuse_synthesize(value: dict | None) -> str | None:
     if unknown:
         return f"unknown key(s) {unknown}; use {sorted({*SYNTHESIZE_DEFAULTS, 'root'})}"
     if not isinstance(value.get("root"), str) or not value["root"]:
-        return ("needs 'root': the folder it may write, the same as dataroot_gt (synthetic data is written only "
-                "where the option file asks for it)")
+        return ("needs 'root': the folder it may write, the same as dataroot_gt (dataroot_lq for a test set "
+                "without GT; synthetic data is written only where the option file asks for it)")
     spec = {**SYNTHESIZE_DEFAULTS, **value}
     ints = [spec["num_videos"], spec["num_frames"], spec["seed"]]
     size = spec["size"]
@@ -44,13 +45,13 @@ def refuse_synthesize(value: dict | None) -> str | None:
     return None
 
 
-def synthesize_videos(root: str, spec: dict[str, Any]) -> bool:
+def synthesize_videos(root: str, spec: dict[str, Any], key: str = "dataroot_gt") -> bool:
     """Write ``spec['num_videos']`` synthetic H.264 videos (``synthetic_000.mp4``, ...) into the new folder ``root``.
 
     Videos are rendered by :func:`data.dataset_synthetic.render_clip` from ``(seed, k)``, ``num_frames`` frames of
     ``size`` ``[H, W]``, at 25 fps, CRF 12. They are written into a temporary folder beside ``root`` that is then
     renamed onto it (:func:`utils.utils_fs.atomic_path`), so ``root`` appears complete or not at all; if another
-    process made ``root`` meanwhile, its folder is kept.
+    process made ``root`` meanwhile, its folder is kept. ``key`` names the option ``root`` stands for in the log.
 
     Returns:
         Whether this call wrote ``root`` (``False``: it already existed).
@@ -59,7 +60,7 @@ def synthesize_videos(root: str, spec: dict[str, Any]) -> bool:
         return False
     root = os.path.abspath(root)
     height, width = spec["size"]
-    logger.info("dataroot_gt %s does not exist: writing %d synthetic videos (%d frames of %dx%d)", root,
+    logger.info("%s %s does not exist: writing %d synthetic videos (%d frames of %dx%d)", key, root,
                 spec["num_videos"], spec["num_frames"], width, height)
     try:
         with atomic_path(root) as tmp:

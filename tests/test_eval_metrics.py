@@ -263,3 +263,34 @@ def test_training_validates_on_own_footage_without_gt_and_picks_the_best_by_niqe
     assert {"val/PSNR", "val_footage/NIQE"} <= set(acc.Tags()["scalars"]) and "val/NIQE" not in acc.Tags()["scalars"]
     assert [round(e.value, 4) for e in acc.Scalars("val_footage/NIQE")] == [round(v, 4) for v in niqe]
     assert {"val/lq_output_gt", "val_footage/lq_output_gt"} <= set(acc.Tags()["images"])
+
+
+def test_the_realworld_demo_validates_on_footage_without_gt_with_niqe(tmp_path, one_process) -> None:
+    """The real-world demo's ``test_footage``: LQ video files only, written on first use into the folder it names
+    (one 48 x 96 H.264 clip, so the x2 output holds NIQE's two 96 x 96 blocks), scored with NIQE at every
+    validation beside KAIR's four on the synthetic GT set (which is too small for NIQE: left out there, one
+    warning). The demo as shipped, cut to one step on one small training video and one GT clip."""
+    demo = os.path.join(ROOT, "options", "vrt", "000_train_vrt_realworld_demo.json")
+    opt = parse_options(demo)
+    footage = opt["datasets"]["test_footage"]
+    assert footage["dataset_type"] == "VideoFileTestDataset" and not footage["dataroot_gt"]
+    assert footage["synthesize_if_missing"]["root"] == footage["dataroot_lq"]
+    assert opt["val"]["metrics"] == ["psnr", "ssim", "psnr_y", "ssim_y", "niqe"]
+    small = {"root": "trainsets/realworld_demo_videos", "num_videos": 1, "num_frames": 4, "size": [80, 80]}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main_train_vrt.main(["--opt", demo, "--set", "train.total_iter=1", "train.checkpoint_test=1",
+                                    "train.checkpoint_save=1", "train.allow_no_adversarial_steps=true",
+                                    "datasets.test.num_clips=1",
+                                    f"datasets.train.synthesize_if_missing={json.dumps(small)}"]) == 0
+    finally:
+        os.chdir(cwd)
+        logging.getLogger().handlers.clear()
+    assert os.listdir(tmp_path / footage["dataroot_lq"]) == ["synthetic_000.mp4"]
+    log = (tmp_path / "experiments" / opt["task"] / "train.log").read_text()
+    assert re.search(r"Average PSNR: [\d.]+ dB; SSIM: [\d.]+; PSNR_Y: [\d.]+ dB; SSIM_Y: [\d.]+$", log, re.M)
+    assert log.count("val.metrics: niqe is left out on datasets.test (") == 1
+    assert "Validation on datasets.test_footage (1 clip):" in log
+    niqe = re.findall(r"Testing synthetic_000\s+\( 0/1\) \+ NIQE: ([\d.]+)$", log, re.M)
+    assert len(niqe) == 1 and math.isfinite(float(niqe[0])) and f"Average NIQE: {niqe[0]}" in log
