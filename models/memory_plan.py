@@ -422,28 +422,22 @@ def startup_line(opt: dict[str, Any], device: torch.device, world_size: int, mic
 
 # ------------------------------------------------------------------------------------- CPU inference tile
 # The tile a CPU run of main_test_vrt.py takes when none is given (no --tile, and an option file whose
-# val.num_frame_testing / size_patch_testing say "whole clip" / "whole frame", or a released task's tile above it):
-# at most CPU_TILE[0] frames by CPU_TILE[1] LQ pixels. Host memory grows with the tile, not with the video (frames
-# stream in and out): the demo's VRT peaks at about 2 GiB on a 16-frame 256 x 256 tile, where the whole frames of a
-# 1080p video would need tens of GB (benchmarks/RESULTS.md, "Host memory of CPU inference").
+# val.num_frame_testing / size_patch_testing say "whole clip" / "whole frame", or a released task that restores
+# whole clips and frames): the network's own temporal tile or CPU_TILE[0] frames, by CPU_TILE[1] LQ pixels. Host
+# memory grows with the tile, not with the video (frames stream in and out), where the whole frames of a 1080p video
+# would need tens of GB (benchmarks/RESULTS.md, "Host memory of CPU inference").
 CPU_TILE = (16, 256)
 
 
 def cpu_tile(tile: tuple[int, int], io: NetIO) -> tuple[int, int]:
-    """``(frames, LQ pixels)`` of a test tile within the CPU budget of :data:`CPU_TILE` (0, a whole clip or frame,
-    counts as unbounded; the pixels rounded down to the network's padding multiple).
-
-    Host memory follows frames x pixels, so the budget is ``CPU_TILE[0] x CPU_TILE[1]**2`` frame-pixels. A network's
-    own temporal tile (``NetIO.temporal_tile``: BasicVSR++'s 100 frames overlapping by 10) keeps its frames and
-    takes smaller spatial tiles: its recurrence carries information along the tile, and 16-frame tiles overlapping
-    by 10 would restore every frame about 3 times. Other tiles take at most ``CPU_TILE[0]`` frames. Frame
-    interpolation keeps its whole clip (the network reads exactly its frames).
-    """
+    """``(frames, LQ pixels)`` of a CPU test tile: "the whole clip" (0 frames) becomes the network's own temporal tile
+    (``NetIO.temporal_tile``: VRT's 40, BasicVSR++'s 100 frames), else :data:`CPU_TILE` frames, and "the whole frame"
+    (0 pixels) becomes :data:`CPU_TILE` pixels, rounded down to the network's padding multiple. A tile given in
+    numbers (a released task's, the option file's) is kept: a recurrent network's tile carries information along it,
+    and shorter tiles overlapping by its recommended overlap would restore every frame several times. Frame
+    interpolation keeps its whole clip (the network reads exactly its frames)."""
     frames, size = tile
-    keep = io.frame_interpolation or (frames and frames == io.temporal_tile)
-    if not keep:
-        frames = min(frames, CPU_TILE[0]) if frames else CPU_TILE[0]
+    if not frames and not io.frame_interpolation:
+        frames = io.temporal_tile or CPU_TILE[0]
     multiple = io.input_multiple[-1]
-    side = CPU_TILE[1] if not frames else int(math.sqrt(CPU_TILE[0] * CPU_TILE[1] ** 2 / max(frames, 1)))
-    cap = max(multiple, min(CPU_TILE[1], side) // multiple * multiple)
-    return frames, min(size, cap) if size else cap
+    return frames, size or max(multiple, CPU_TILE[1] // multiple * multiple)

@@ -168,19 +168,15 @@ def test_demo_network_inference_peak_memory() -> None:
 def test_cpu_default_tile_caps_the_whole_clip_and_frame() -> None:
     io = NetIO(scale=2, input_multiple=(2, 8, 8), temporal_tile=40)
     frames, size = memory_plan.CPU_TILE
-    assert memory_plan.cpu_tile((0, 0), io) == (frames, size)  # whole clip, whole frame
-    assert memory_plan.cpu_tile((40, 128), io) == (40, 128)  # the network's own temporal tile, within the budget
-    assert memory_plan.cpu_tile((40, 0), io) == (40, 160)  # its frames kept, smaller spatial tiles (16 x 256**2)
-    assert memory_plan.cpu_tile((24, 128), io) == (frames, 128)  # another tile: fewer frames
-    assert memory_plan.cpu_tile((4, 64), io) == (4, 64)  # smaller tiles stay
+    assert memory_plan.cpu_tile((0, 0), io) == (40, size)  # whole clip: the network's own tile; whole frame: capped
+    assert memory_plan.cpu_tile((0, 0), NetIO()) == (frames, size)  # a network without a tile of its own
+    assert memory_plan.cpu_tile((100, 128), io) == (100, 128)  # tiles given in numbers stay
     assert memory_plan.cpu_tile((0, 0), NetIO(input_multiple=(1, 24, 24)))[1] == size // 24 * 24
     assert memory_plan.cpu_tile((0, 0), NetIO(frame_interpolation=True, clip_frames=4))[0] == 0
-    stated = NetIO(temporal_tile=100, temporal_overlap=10)  # a recurrent network's own tile stays
-    assert memory_plan.cpu_tile((100, 0), stated) == (100, 102) and memory_plan.cpu_tile((0, 0), stated)[0] == frames
 
 
 @pytest.mark.parametrize(('device', 'tile', 'expected'), [
-    ('cpu', None, memory_plan.CPU_TILE), ('cpu', [4, 64], (4, 64)), ('meta', None, (0, 0))])
+    ('cpu', None, (40, memory_plan.CPU_TILE[1])), ('cpu', [4, 64], (4, 64)), ('meta', None, (0, 0))])
 def test_main_test_vrt_takes_the_cpu_tile_when_none_is_given(device: str, tile: list[int] | None,
                                                            expected: tuple[int, int], tmp_path: Path) -> None:
     """The demo's option file restores whole clips at whole frames (val.num_frame_testing / size_patch_testing 0):
