@@ -122,7 +122,8 @@ CASES = {
                                   r"metrics psnr, tof need ground truth, which is missing; without it only "
                                   r"no-reference metrics can be computed \(niqe\)"),
     "clip too short": (["--metrics", "psnr", "tof"], "short", r"clip 'one' has 1 frame, too few for tof needs 2"),
-    "frames too small": (["--metrics", "niqe"], "small", r"niqe needs frames of at least 96x96 pixels, got 64x64"),
+    "frames too small": (["--metrics", "niqe"], "small",
+                         r"niqe needs frames holding two 96x96 blocks \(at least 96x192 or 192x96 pixels\), got 64x64"),
     "weights with the wrong hash": (["--metrics", "lpips", "--metric_weights", "{ws}/bad_weights"], "gt",
                                     r"metric weights .*alexnet-owt-7be5be79\.pth have SHA-256 [0-9a-f]{64}, "
                                     r"expected 7be5be79"),
@@ -245,7 +246,7 @@ def test_training_validates_on_own_footage_without_gt_and_picks_the_best_by_niqe
     assert log.count("Testing coffee               ( 0/1) - no ground truth") == 2
     niqe = [float(v) for v in re.findall(r"Testing coffee\s+\( 0/1\) \+ NIQE: ([\d.]+)", log)]
     assert len(niqe) == 2 and log.count("Average NIQE: ") == 2  # the footage's, at steps 1 and 2
-    assert log.count("val.metrics: niqe is left out on datasets.test (niqe needs frames of at least 96x96") == 1
+    assert log.count("val.metrics: niqe is left out on datasets.test (niqe needs frames holding two 96x96 blocks") == 1
     assert re.search(r"Input baseline \(.*\): NIQE [\d.]+$", log, re.M)  # the footage's
     best = json.loads((task / "models" / "best.json").read_text())
     step = 1 + min(range(2), key=lambda i: niqe[i])  # lower NIQE is better

@@ -38,7 +38,10 @@ def test_niqe_equals_basicsr_on_video_frames():
     assert min(got) > max(source)  # the codec's artefacts read as less natural
 
 
-def test_niqe_refuses_frames_smaller_than_a_block():
-    scorer = MetricSuite(resolve(["niqe"], have_gt=False)).scorer()
-    with pytest.raises(MetricError, match="niqe needs frames of at least 96x96 pixels, got 64x200"):
-        scorer.update(torch.rand(1, 3, 64, 200), None, 0)
+def test_niqe_refuses_frames_with_fewer_than_two_blocks():
+    """No block, or one (whose features have no covariance: the distance's SVD failed on the NaN), is one line."""
+    suite = MetricSuite(resolve(["niqe"], have_gt=False))
+    for h, w in ((64, 200), (128, 128)):
+        with pytest.raises(MetricError, match=f"niqe needs frames holding two 96x96 blocks .*, got {h}x{w}"):
+            suite.scorer().update(torch.rand(1, 3, h, w), None, 0)
+    assert np.isfinite(suite.scorer().update(torch.rand(1, 3, 96, 192), None, 0)[0]["niqe"])

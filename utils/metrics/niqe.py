@@ -106,16 +106,19 @@ def niqe_y(y: np.ndarray) -> float:
     """NIQE of a luma image.
 
     Args:
-        y: (H, W) float in [0, 255], already rounded (:func:`rgb_to_y`); at least 96 x 96 (the part past the last
-            whole block is cropped, as BasicSR does).
+        y: (H, W) float in [0, 255], already rounded (:func:`rgb_to_y`), holding at least two 96 x 96 blocks (the
+            part past the last whole block is cropped, as BasicSR does).
 
     Raises:
-        MetricError: the image is smaller than one 96 x 96 block.
+        MetricError: the image holds fewer than two 96 x 96 blocks.
     """
     mu_p, cov_p, window = pristine_model()
     nh, nw = y.shape[0] // BLOCK, y.shape[1] // BLOCK
-    if nh == 0 or nw == 0:
-        raise MetricError(f"niqe needs frames of at least {BLOCK}x{BLOCK} pixels, got {y.shape[0]}x{y.shape[1]}")
+    # the distortion model is the covariance of the blocks' features: one block has none (NaN, and the SVD of the
+    # distance fails), so two blocks are the minimum
+    if nh * nw < 2:
+        raise MetricError(f"niqe needs frames holding two {BLOCK}x{BLOCK} blocks (at least {BLOCK}x{2 * BLOCK} or "
+                          f"{2 * BLOCK}x{BLOCK} pixels), got {y.shape[0]}x{y.shape[1]}")
     # The local normalisation runs in float32 as BasicSR's does: in flat regions sigma comes from a difference of
     # two large, nearly equal numbers, and float64 there moves NIQE by up to 0.04 (measured on skimage's astronaut).
     img = np.asarray(y, np.float32)[:nh * BLOCK, :nw * BLOCK]
