@@ -158,6 +158,11 @@ def test_elastic_restart_after_sigkill_is_bit_identical(vrt_two_process_referenc
     assert_same_run(tmp_path, "ref", "killed", 4)
 
 
+def _terminal_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _launch(tmp_path, opt, task, sig, target, nproc, at_step=2, timeout=300):
     """``bash launch_train.sh OPT`` as a terminal job; once the log shows step ``at_step``, send ``sig`` to the
     launcher (``target='agent'``: SLURM's --signal to the batch step) or to its process group (``'group'``: Ctrl-C or
@@ -166,8 +171,10 @@ def _launch(tmp_path, opt, task, sig, target, nproc, at_step=2, timeout=300):
     env = base_env(threads=2, NPROC=str(nproc))
     root = os.path.join(tmp_path, "experiments")
     cmd = ["bash", os.path.join(ROOT, "launch_train.sh"), opt, "--set", f"task={task}", f"path.root={root}"]
+    # a terminal's job takes Ctrl-C and hang-ups by default, even where pytest itself was started in the background
+    # (a non-interactive shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored)
     proc = subprocess.Popen(cmd, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_terminal_signals)
     log = os.path.join(tmp_path, "experiments", task, "train.log")
     deadline = time.monotonic() + timeout
     sent = False

@@ -141,7 +141,7 @@ def test_autocast_bf16_cpu():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = deform_attn(q.bfloat16(), kv.bfloat16(), offset, 3, 3, 1, 1, 1, 2, 2, 2)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=1e-2)  # 2.0e-3 measured
 
 
 def test_bad_shapes_raise_clear_errors():

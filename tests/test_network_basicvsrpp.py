@@ -296,7 +296,7 @@ def test_autocast_keeps_flows_and_offsets_fp32(monkeypatch) -> None:
             half = net(x)
     assert all(f.dtype == torch.float32 for f in flows)
     assert seen['dcn'] == (torch.float32,) * 4
-    assert torch.isfinite(half).all() and (half.float() - full).abs().mean() < 0.05
+    assert torch.isfinite(half).all() and (half.float() - full).abs().mean() < 5e-3  # 9.0e-4 measured
 
 
 def test_deterministic_mode_trains_through_the_formulations() -> None:

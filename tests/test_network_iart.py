@@ -258,7 +258,7 @@ def test_bf16_autocast_keeps_flows_and_sampling_positions_fp32() -> None:
         with torch.autocast('cpu', dtype=torch.bfloat16):
             half = net(x)
     assert len(seen) == 4 and set(seen) == {(torch.float32, torch.float32)}  # SpyNet's convolutions run in fp32
-    assert torch.isfinite(half).all() and (half.float() - full).abs().mean() < 0.05
+    assert torch.isfinite(half).all() and (half.float() - full).abs().mean() < 5e-3  # 9.6e-4 measured
 
 
 def test_missing_spynet_file_is_an_error(tmp_path) -> None:

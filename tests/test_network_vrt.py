@@ -229,13 +229,13 @@ def test_bad_inputs_raise_clear_errors() -> None:
 
 def test_bf16_autocast_runs() -> None:
     net = _tiny().eval()
-    x = torch.rand(1, 2, 3, 40, 40)
+    x = torch.rand(1, 2, 3, 40, 40, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = net(x)
         with torch.autocast('cpu', dtype=torch.bfloat16):
             out = net(x)
     assert out.shape == ref.shape and torch.isfinite(out).all()
-    assert (out.float() - ref).abs().mean() < 0.05
+    assert (out.float() - ref).abs().mean() < 1e-3  # 1.4e-4 measured (seeds 0-2: 1.3e-4 to 1.4e-4)
 
 
 @pytest.mark.parametrize(('k', 'groups'), [(1, 4), (2, 4), (3, 6)])
