@@ -293,7 +293,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
         elif stop.agreed():  # a worker started after the launcher forwarded a stop request
             logger.warning("A stop was requested before step %d: nothing to do; re-run the same command to continue",
                            step + 1)
-            return finish(stop.signal_name or "a stop signal on another rank")
+            return finish(stop.stopped_by or "a stop signal")
         while step < total:
             iterator = iter(loader)
             while step < total:
@@ -327,7 +327,7 @@ def _train(opt: dict[str, Any], dist_info: DistInfo, on_ready: Callable[[], None
                     model.save(step, state_for_save())
                     last_saved = step
                 if stopping:
-                    stopped_by = stop.signal_name or "a stop signal on another rank"
+                    stopped_by = stop.stopped_by or "a stop signal"
                     logger.warning("Stopped by %s at step %d: checkpoint saved in %s; re-run the same command to "
                                    "continue", stopped_by, step, paths["models"])
                     return finish(stopped_by)

@@ -81,3 +81,26 @@ def test_no_shell_eval_or_unsafe_load_in_project_code():
                         offenders.append(f"{path}:{node.lineno} torch.load without weights_only=True")
     assert not offenders, offenders
 
+
+
+def test_a_rank_that_did_not_get_the_signal_names_the_one_another_rank_got(monkeypatch):
+    """A signal forwarded to each task (SLURM's --signal=B:USR1) may reach rank 0 after the others have stopped: the
+    agreement carries the signal, so rank 0's log line names it."""
+    import signal
+
+    from engine import preemption
+
+    seen = []
+
+    def other_rank_got_usr1(value: int) -> int:
+        seen.append(value)
+        return max(value, int(signal.SIGUSR1))
+
+    monkeypatch.setattr(preemption.utils_dist, "all_reduce_max_int", other_rank_got_usr1)
+    monkeypatch.delenv(preemption.STOP_ENV, raising=False)
+    stop = preemption.StopRequest()
+    assert stop.agreed() and stop.stopped_by == "SIGUSR1" and stop.signal_name is None and seen == [0]
+    stop.signal_name = "SIGTERM"  # its own signal wins where it has the larger number
+    assert stop.agreed() and stop.stopped_by == "SIGTERM"
+    monkeypatch.setattr(preemption.utils_dist, "all_reduce_max_int", lambda value: value)
+    assert not preemption.StopRequest().agreed()
