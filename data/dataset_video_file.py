@@ -26,14 +26,8 @@ from data.frame_sources import NOISE_OPTIONS, NoisyFrames, add_noise, sigma_map
 from data.synthetic_videos import SYNTHESIZE_DEFAULTS, refuse_synthesize, synthesize_videos
 from utils import utils_dist
 from utils.utils_option_schema import OPT_STR, REQUIRED, Opt
-from utils.utils_video_file import (
-    VIDEO_EXTENSIONS,
-    VideoFileError,
-    VideoReader,
-    VideoWriter,
-    is_video_file,
-    list_videos,
-)
+from utils.utils_video_clips import VIDEO_EXTENSIONS, is_video_file, list_videos
+from utils.utils_video_file import VideoFileError, VideoReader, VideoWriter
 
 logger = logging.getLogger(__name__)
 

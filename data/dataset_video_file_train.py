@@ -41,7 +41,8 @@ from data.video_frame_index import (
 from utils import utils_dist, utils_video
 from utils.utils_option_schema import OPT_INT, OPT_NUM, OPT_STR, REQUIRED, Opt
 from utils.utils_video import DataCheckError
-from utils.utils_video_file import VIDEO_EXTENSIONS, VideoFileError, is_video_file, list_videos
+from utils.utils_video_clips import VIDEO_EXTENSIONS, is_video_file, list_videos
+from utils.utils_video_file import VideoFileError
 
 logger = logging.getLogger(__name__)
 

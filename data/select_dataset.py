@@ -32,7 +32,7 @@ from data.dataset_video_train import (
     VideoRecurrentTrainVimeoVFIDataset,
 )
 from utils.utils_option_schema import Opt
-from utils.utils_video_file import is_video_file, list_videos
+from utils.utils_video_clips import is_video_file, list_videos
 
 # Vimeo-90K-T's clip list (KAIR's name; written on first use or by scripts/generate_meta_info.py)
 VIMEO_META = os.path.join(os.path.dirname(os.path.abspath(__file__)), "meta_info", "meta_info_Vimeo90K_test_GT.txt")

@@ -19,7 +19,8 @@ from engine.eval_run import EvalClip, EvalRun, side_file
 from engine.report import comparison_panels, encode_png
 from utils.metrics.niqe import rgb_to_y
 from utils.utils_fs import atomic_open, temporary_name
-from utils.utils_video_file import VideoReader, VideoWriter, clip_video_writer
+from utils.utils_video_clips import clip_video_writer
+from utils.utils_video_file import VideoReader, VideoWriter
 
 
 def u8(frame: torch.Tensor) -> np.ndarray:

@@ -59,7 +59,8 @@ from utils import utils_checkpoint, utils_dist
 from utils.utils_fs import atomic_open
 from utils.utils_image import imwrite_rgb
 from utils.utils_signals import ignore_stop_signals, install_stop_handler, restore_handlers
-from utils.utils_video_file import VideoWriter, write_clip_video
+from utils.utils_video_clips import write_clip_video
+from utils.utils_video_file import VideoWriter
 
 # what callers (tests, benchmarks, scripts) reach through this module
 __all__ = ["TestSetup", "build_parser", "build_test_set", "main", "restore_clip", "run", "setup_model"]

@@ -15,7 +15,8 @@ import torch
 from data.dataset_video_file import VideoFileTestDataset, read_video, write_video
 from tests.support.video_helpers import FPS, audio_info, audio_packets, moving_frames, write_sine
 from utils.utils_image import calculate_psnr
-from utils.utils_video_file import VideoFileError, VideoReader, VideoWriter, is_video_file, write_clip_video
+from utils.utils_video_clips import is_video_file, write_clip_video
+from utils.utils_video_file import VideoFileError, VideoReader, VideoWriter
 
 
 def _write(path, frames, fps=FPS, **kwargs) -> str:

@@ -63,7 +63,7 @@ class DistModel:
         d = os.environ["METRIC_WEIGHTS"]
         self.net = lpips.LPIPS(net="alex", version="0.1", pretrained=True, pnet_rand=True, verbose=False,
                                model_path=os.path.join(d, "lpips_v0.1_alex.pth")).eval()
-        backbone = torch.load(os.path.join(d, "alexnet-owt-7be5be79.pth"))
+        backbone = torch.load(os.path.join(d, "alexnet-owt-7be5be79.pth"), weights_only=True)
         for name, p in self.net.named_parameters():
             if name.startswith("net."):
                 _, _, idx, kind = name.split(".")

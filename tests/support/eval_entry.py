@@ -22,31 +22,28 @@ from engine import evaluate, scoring  # noqa: E402
 if os.environ.get("EVAL_UNVERIFIED_METRIC_WEIGHTS"):
     scoring.VERIFY_WEIGHTS = False
 
+
+def _after_frames(count: int, action) -> None:
+    """Run ``action()`` once this process has written ``count`` output frames (in the middle of a segment)."""
+    write, written = evaluate.imwrite_rgb, [0]
+
+    def write_then_act(path, img):
+        write(path, img)
+        written[0] += 1
+        if written[0] == count:
+            action()
+
+    evaluate.imwrite_rgb = write_then_act
+
+
 KILL_AFTER = int(os.environ.get("EVAL_KILL_AFTER_FRAMES") or 0)
 if KILL_AFTER and int(os.environ.get("RANK", 0)) == int(os.environ.get("EVAL_KILL_RANK", 0)):
-    _write = evaluate.imwrite_rgb
-    _count = [0]
-
-    def _write_then_die(path, img):
-        _write(path, img)
-        _count[0] += 1
-        if _count[0] == KILL_AFTER:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    evaluate.imwrite_rgb = _write_then_die
+    _after_frames(KILL_AFTER, lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 SIGNAL_AFTER = int(os.environ.get("EVAL_SIGNAL_GROUP_AFTER_FRAMES") or 0)
 if SIGNAL_AFTER:  # a stop signal to the whole process group (timeout, scancel, Ctrl-C) in the middle of a segment
-    _write_before_signal = evaluate.imwrite_rgb
-    _written = [0]
-
-    def _write_then_signal(path, img):
-        _write_before_signal(path, img)
-        _written[0] += 1
-        if _written[0] == SIGNAL_AFTER:
-            os.killpg(os.getpgid(0), getattr(signal, os.environ.get("EVAL_SIGNAL", "SIGTERM")))
-
-    evaluate.imwrite_rgb = _write_then_signal
+    _sig = getattr(signal, os.environ.get("EVAL_SIGNAL", "SIGTERM"))
+    _after_frames(SIGNAL_AFTER, lambda: os.killpg(os.getpgid(0), _sig))
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
