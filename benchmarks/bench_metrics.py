@@ -3,9 +3,9 @@ validation and ``main_test_vrt.py`` use, and the cost of the metrics of a 100-fr
 ``lpips niqe tof tlp`` (the metrics alone: restoring the clip costs the same either way).
 
 The perceptual networks use seeded stand-ins of the published weights (the same architectures, so the same cost).
-Networks are timed with ``batch_frames`` 1 (the default: per-frame values independent of how a clip is cut) and 4
-(frames batched in one forward), and against the reference packages' forwards (``lpips``, ``DISTS_pytorch``) on the
-same input, where installed. ``--device cuda`` times the GPU where there is one.
+Networks are timed with ``batch_frames`` 1 (the CPU's default) and 4 (frames batched in one forward, as off the
+CPU), and against the reference packages' forwards (``lpips``, ``DISTS_pytorch``) on the same input, where
+installed. ``--device cuda`` times the GPU where there is one.
 
     python benchmarks/bench_metrics.py --threads 2
     python benchmarks/bench_metrics.py --threads 2 --eval   # main_test_vrt.py on a 100-frame clip, +- metrics
@@ -148,7 +148,8 @@ def main() -> int:
         out, gt = clip(SIZES[size_name], frames)
         for name in args.metrics:
             specs = resolve([name], True)
-            one = per_frame_ms(MetricSuite(specs, device, weights, verify=False), out, gt, args.repeats)
+            one = per_frame_ms(MetricSuite(specs, device, weights, verify=False, batch_frames=1), out, gt,
+                               args.repeats)
             net = name in ("lpips", "lpips_vgg", "dists", "tlp")
             four = (per_frame_ms(MetricSuite(specs, device, weights, verify=False, batch_frames=4), out, gt,
                                  args.repeats) if net else None)

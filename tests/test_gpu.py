@@ -443,3 +443,32 @@ def test_mask_cache_bounded_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         net(_rand(1, 12, 3, 256, 256))
     assert 0 < layers_attention.MASK_CACHE.nbytes(CUDA) <= layers_attention.MASK_CACHE_BYTES
     layers_attention.MASK_CACHE.clear()
+
+
+# -------------------------------------------------------------------------------------------------- metrics
+def test_metric_networks_batch_frames_on_cuda_and_score_a_cut_clip_as_the_whole(tmp_path: Path) -> None:
+    """On a GPU the metric networks take several frames a forward (utils.metrics.scorer.frames_per_forward); a clip
+    cut into chunks and a primed segment still score as the whole clip, bit for bit, and as the CPU does."""
+    from tests.support.metric_data import make_weights
+    from utils.metrics import resolve
+    from utils.metrics.scorer import MetricSuite
+
+    weights = make_weights(str(tmp_path))
+    specs = resolve(['lpips', 'dists', 'tlp'], True)
+    suite = MetricSuite(specs, CUDA, weights, verify=False)
+    out, gt = _rand(10, 3, 96, 128, seed=1, device=torch.device('cpu')), _rand(10, 3, 96, 128, seed=2,
+                                                                                 device=torch.device('cpu'))
+    calls = []
+    net = suite.nets['lpips']
+    hook = net.register_forward_pre_hook(lambda _m, args: calls.append(args[0].shape[0]))
+    whole = suite.scorer().update(out, gt, 0)
+    hook.remove()
+    assert calls and set(calls) == {8}  # 10 frames of 96 x 128: one batch of 8 and a padded remainder
+    chunked = suite.scorer()
+    assert [r for a, b in ((0, 3), (3, 4), (4, 10)) for r in chunked.update(out[a:b], gt[a:b], a)] == whole
+    segment = suite.scorer()
+    segment.prime(out[4], gt[4], index=4)
+    assert segment.update(out[5:], gt[5:], 5) == whole[5:]
+    on_cpu = MetricSuite(specs, 'cpu', weights, verify=False).scorer().update(out, gt, 0)
+    for row, cpu in zip(whole, on_cpu):
+        assert all(abs(row[k] - cpu[k]) <= 1e-4 * max(1.0, abs(cpu[k])) for k in cpu), (row, cpu)

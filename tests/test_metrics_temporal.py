@@ -12,7 +12,7 @@ import torch
 
 from tests.support.metric_data import PAN_VIDEO, decode_rgb, make_weights, pan_frames, to_tensor
 from utils.metrics import MetricError, resolve
-from utils.metrics.scorer import MetricSuite
+from utils.metrics.scorer import MetricSuite, frames_per_forward
 from utils.utils_image import frame_metrics
 
 pytest.importorskip("skimage")  # the sample photographs (requirements-dev.txt)
@@ -27,8 +27,12 @@ def clip():
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    weights = make_weights(str(tmp_path_factory.mktemp("metric_weights")), seed=REF["tecogan_weights_seed"])
+def weights(tmp_path_factory):
+    return make_weights(str(tmp_path_factory.mktemp("metric_weights")), seed=REF["tecogan_weights_seed"])
+
+
+@pytest.fixture(scope="module")
+def suite(weights):
     return MetricSuite(resolve(["psnr", "lpips", "niqe", "tof", "tlp"], True), "cpu", weights, verify=False)
 
 
@@ -59,6 +63,32 @@ def test_segments_and_chunks_score_as_the_whole_clip(clip, suite, one_thread):
     assert segment.update(out[6:], gt[6:], 6) == whole[6:]
     with pytest.raises(ValueError, match="does not continue frame 9"):
         chunked.update(out[:1], gt[:1], 0)
+
+
+def test_frames_batched_in_a_forward_score_as_the_whole_clip(clip, weights, one_thread):
+    """Off the CPU the metric networks take several frames a forward (scorer.frames_per_forward); a frame's value
+    must still not depend on how the clip was cut into chunks and segments. Four frames a forward on the CPU here:
+    the whole clip, uneven chunks and a primed segment put frames in different batches and leave different
+    remainders."""
+    out, gt = clip
+    batched = MetricSuite(resolve(["lpips", "tlp"], True), "cpu", weights, verify=False, batch_frames=4)
+    whole = batched.scorer().update(out, gt, 0)
+    chunked = batched.scorer()
+    assert [r for a, b in ((0, 3), (3, 4), (4, 10)) for r in chunked.update(out[a:b], gt[a:b], a)] == whole
+    segment = batched.scorer()
+    segment.prime(out[4], gt[4], index=4)
+    assert segment.update(out[5:], gt[5:], 5) == whole[5:]
+    single = MetricSuite(batched.specs, "cpu", weights, verify=False, batch_frames=1).scorer().update(out, gt, 0)
+    for row, one in zip(whole, single):  # batching moves values by rounding only
+        assert row.keys() == one.keys()
+        assert all(abs(row[k] - one[k]) <= 1e-6 * max(1.0, abs(one[k])) for k in row)
+
+
+def test_frames_per_forward_batches_off_the_cpu_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert frames_per_forward(cpu, 256, 256) == 1
+    assert [frames_per_forward(cuda, h, w) for h, w in ((64, 64), (256, 256), (720, 1280), (1080, 1920),
+                                                         (2160, 3840))] == [8, 8, 2, 1, 1]
 
 
 def test_a_seam_is_a_spike(clip, suite, one_thread):

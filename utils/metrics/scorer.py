@@ -13,14 +13,14 @@ The contract (docs/metrics.md, /work/coord/METRICS_API.md):
 - ``finish()`` returns the per-clip values: the mean of each per-frame metric over the frames this scorer saw that
   have one, and ``vmaf`` (libvmaf's pooled mean; its per-frame values land in ``frame_values['vmaf']``).
 
-LPIPS, LPIPS-VGG, DISTS and tLP run on the device (``batch_frames`` frames a forward, 1 by default: see MetricSuite);
+LPIPS, LPIPS-VGG, DISTS and tLP run on the device, batched over frames off the CPU (:func:`frames_per_forward`);
 PSNR/SSIM (KAIR's numpy code), NIQE, tOF (OpenCV) and VMAF (ffmpeg) run on the CPU.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +35,20 @@ from utils.utils_image import frame_metrics
 
 _KAIR = ("psnr", "ssim", "psnr_y", "ssim_y")
 
+# Frames per forward of the metric networks off the CPU: as many as fit this many pixels (8 frames of 256 x 256 up
+# to 512 x 512, 2 of 720p, 1 of 1080p), at most MAX_FRAMES_PER_FORWARD (a short chunk is padded up to the batch). On
+# the CPU batching does not pay (benchmarks/RESULTS.md, "Metrics": the VGG forwards get slower), so it stays 1 there.
+PIXELS_PER_FORWARD = 1 << 21
+MAX_FRAMES_PER_FORWARD = 8
+
+
+def frames_per_forward(device: torch.device, height: int, width: int) -> int:
+    """Frames of ``height`` x ``width`` per metric-network forward on ``device``: 1 on the CPU; elsewhere as many as
+    :data:`PIXELS_PER_FORWARD` holds, between 1 and :data:`MAX_FRAMES_PER_FORWARD`."""
+    if device.type == "cpu":
+        return 1
+    return max(1, min(MAX_FRAMES_PER_FORWARD, PIXELS_PER_FORWARD // (height * width)))
+
 
 class MetricSuite:
     """What the chosen metrics need for a run: their specs and the perceptual networks, loaded once on ``device``.
@@ -45,9 +59,11 @@ class MetricSuite:
         weights_dir: the folder of the weight files (None: ``model_zoo/metrics``); fetch them first with
             :func:`utils.metrics.weights.ensure_weights` (on every rank).
         verify: check each weight file's SHA-256 (False only for weights of one's own, e.g. the tests').
-        batch_frames: frames per network forward. 1 (the default) makes every frame's value independent of how the
-            clip is cut into chunks and segments, bit for bit; more frames a forward fill a GPU better at small frame
-            sizes, but then values depend on the batch's make-up at the level of float rounding (~1e-8).
+        batch_frames: frames per network forward; None (the default): :func:`frames_per_forward` of the device and
+            frame size. Every forward gets exactly this many frames (a shorter remainder is padded with copies of its
+            last frame), because a convolution's rounding depends on the batch size (1e-7 apart at 1 and 4 frames)
+            but not on a frame's neighbours in a batch of the same size: a frame's value does not depend on how a
+            clip is cut into chunks, segments and processes, bit for bit.
 
     Raises:
         MetricError: a weight file is missing or has the wrong hash; vmaf asked for without libvmaf.
@@ -55,11 +71,11 @@ class MetricSuite:
 
     def __init__(self, specs: Sequence[MetricSpec], device: str | torch.device = "cpu",
                  weights_dir: str | os.PathLike | None = None, *, verify: bool = True,
-                 batch_frames: int = 1) -> None:
+                 batch_frames: int | None = None) -> None:
         self.specs = tuple(specs)
         self.names = tuple(s.name for s in self.specs)
         self.device = torch.device(device)
-        if batch_frames < 1:
+        if batch_frames is not None and batch_frames < 1:
             raise ValueError(f"batch_frames must be >= 1, got {batch_frames}")
         self.batch_frames = batch_frames
         self.nets: dict[str, torch.nn.Module] = {}
@@ -84,9 +100,29 @@ class MetricSuite:
         """A fresh :class:`ClipScorer` for one clip (``clip`` names it in error messages)."""
         return ClipScorer(self, clip=clip)
 
-    def batches(self, n: int) -> list[slice]:
-        """Slices of ``n`` frames, ``batch_frames`` each."""
-        return [slice(i, min(n, i + self.batch_frames)) for i in range(0, n, self.batch_frames)]
+    def forward(self, fn: Callable[..., torch.Tensor | list[torch.Tensor]], *frames: torch.Tensor
+                ) -> torch.Tensor | list[torch.Tensor]:
+        """``fn`` over ``frames`` ((T, 3, H, W) each, on the device) in batches of one fixed size along T, its results
+        (a (T, ...) tensor or a list of them) concatenated along T; the batch size is :attr:`batch_frames` or
+        :func:`frames_per_forward`.
+
+        cuDNN runs without autotuning or TF32 here, so that a value is the same in every process and on every run.
+        """
+        n, (height, width) = frames[0].shape[0], frames[0].shape[-2:]
+        size = self.batch_frames or frames_per_forward(self.device, height, width)
+        parts: list[torch.Tensor | list[torch.Tensor]] = []
+        with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
+                                                                 allow_tf32=False):
+            for start in range(0, n, size):
+                batch = [f[start:start + size] for f in frames]
+                keep = batch[0].shape[0]
+                if keep < size:
+                    batch = [torch.cat([b, b[-1:].expand(size - keep, *b.shape[1:])]) for b in batch]
+                result = fn(*batch)
+                parts.append(result[:keep] if isinstance(result, torch.Tensor) else [r[:keep] for r in result])
+        if isinstance(parts[0], torch.Tensor):
+            return torch.cat(parts)  # type: ignore[arg-type]
+        return [torch.cat(layer) for layer in zip(*parts)]
 
 
 def _quantize(x: torch.Tensor) -> torch.Tensor:
@@ -191,9 +227,7 @@ class ClipScorer:
                 rows[i].update({k: values[k] for k in kair})
         for name in ("lpips", "lpips_vgg", "dists"):
             if name in names:
-                net = suite.nets[name]
-                with torch.inference_mode():
-                    d = torch.cat([net(q_out[b], q_gt[b]) for b in suite.batches(n)])
+                d = suite.forward(suite.nets[name], q_out, q_gt)
                 for i, v in enumerate(d.tolist()):
                     rows[i][name] = v
         if "niqe" in names:
@@ -212,17 +246,14 @@ class ClipScorer:
         return rows
 
     def _embed_pair(self, q_out: torch.Tensor, q_gt: torch.Tensor) -> tuple[list | None, list | None]:
-        """tLP's LPIPS features of the centre-cropped frames (``batch_frames`` a forward), or None without tlp."""
+        """tLP's LPIPS features of the centre-cropped frames (batched as :meth:`MetricSuite.forward` does), or None
+        without tlp."""
         if "tlp" not in self.suite.names:
             return None, None
         net = self.suite.nets["lpips"]
         top, left, h, w = temporal.crop_box(*q_out.shape[-2:])
-        embs = []
-        with torch.inference_mode():
-            for seq in (q_out, q_gt):
-                parts = [net.embed(seq[b, :, top:top + h, left:left + w]) for b in self.suite.batches(len(seq))]
-                embs.append([torch.cat(layer) for layer in zip(*parts)])
-        return embs[0], embs[1]
+        embs = [self.suite.forward(net.embed, seq[:, :, top:top + h, left:left + w]) for seq in (q_out, q_gt)]
+        return embs[0], embs[1]  # type: ignore[return-value]
 
     def _remember(self, q_out: torch.Tensor, q_gt: torch.Tensor, emb_out: list | None, emb_gt: list | None) -> dict:
         """What the next pair (t-1, t) needs of the last frame t-1 of ``q_out`` / ``q_gt``."""
