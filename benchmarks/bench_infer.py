@@ -23,9 +23,10 @@ checkpoint; frames/s is the script's own ``Restored N frames in S s`` line (netw
 peak host memory that process's peak resident set size (``wait4``), interpreter, torch and data included. ``--task``
 is a released task or ``demo`` (the built-in demo's tiny VRT, denoising) / ``demo-sr2`` (the same network as an x2
 super-resolution model); ``--cli-tile``/``--cli-overlap`` are its ``--tile``/``--tile_overlap`` (default: the
-script's own). ``--tree DIR`` runs
-the ``main_test_vrt.py`` of another checkout (e.g. an older commit extracted with ``git archive``) on the same clip
-and weights, alternately with this one, ``--repeat`` times each.
+script's own). ``--tree DIR`` runs the ``main_test_vrt.py`` of another checkout (e.g. an older commit extracted
+with ``git archive``) on the same clip and weights, alternately with this one, ``--repeat`` times each
+(``--tree-only``: that checkout alone). Each line names the checkout's commit (``+``: with changes not committed; an
+extracted tree: its folder's name).
 """
 
 from __future__ import annotations
@@ -184,6 +185,17 @@ def _run_cli(tree: Path, argv: list[str], threads: int) -> dict[str, Any]:
             "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2)}
 
 
+def _commit(tree: Path) -> str:
+    """The checkout's commit (``+`` when its tracked files differ from it), or the folder's name where it is not a
+    git checkout (an extracted ``git archive``: name the folder after its commit)."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(tree), *argv], capture_output=True, text=True).stdout.strip()
+
+    if git("rev-parse", "--show-toplevel") != str(tree):
+        return tree.name
+    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def cli(args: argparse.Namespace) -> None:
     """``main_test_vrt.py`` as users run it (see the module docstring); one JSON line per run."""
     work = Path(tempfile.gettempdir()) / "bench_infer_cli"
@@ -208,10 +220,13 @@ def cli(args: argparse.Namespace) -> None:
     if args.cli_overlap:
         argv += ["--tile_overlap", *map(str, args.cli_overlap)]
     trees = {"ours": ROOT, **({"tree": Path(args.tree).resolve()} if args.tree else {})}
+    if args.tree_only:
+        trees.pop("ours")
     for i in range(args.repeat):
         for name, tree in trees.items():
             run = _run_cli(tree, [*argv, "--save_dir", str(work / f"out_{name}")], args.threads)
-            print(json.dumps({"impl": name, "tree": str(tree), "task": args.task, "lq": [args.frames, *args.size],
+            print(json.dumps({"impl": name, "tree": str(tree), "commit": _commit(tree), "task": args.task,
+                              "lq": [args.frames, *args.size],
                               "tile": args.cli_tile, "tile_overlap": args.cli_overlap, "threads": args.threads,
                               "run": i, **run}), flush=True)  # noqa: T201
 
@@ -236,6 +251,8 @@ def main() -> None:
     p.add_argument("--cli-overlap", dest="cli_overlap", type=int, nargs="+",
                    help="--cli: main_test_vrt.py --tile_overlap")
     p.add_argument("--tree", help="--cli: also run the main_test_vrt.py of this checkout")
+    p.add_argument("--tree-only", dest="tree_only", action="store_true",
+                   help="--cli: run only the --tree checkout (e.g. a 'before' measured apart from the 'after')")
     p.add_argument("--threads", type=int, default=2, help="--cli: OMP_NUM_THREADS of the runs")
     args = p.parse_args()
     if args.cli:
