@@ -23,6 +23,9 @@ skipped and say so):
   memory, finite losses, spectral-norm vectors kept fp32;
 * ``deterministic``: step time with ``train.deterministic`` on and off, and two deterministic runs compared bit
   for bit;
+* ``metrics``: the metric networks (LPIPS, LPIPS-VGG, DISTS, tLP) at 256 x 256 and 1080p, frames batched a forward
+  as evaluation does on the device against one frame a forward, and a cut clip scored as the whole
+  (``benchmarks/gpu_suite_metrics.py``);
 * ``tiled``: tiled-inference frames/s at 720p output (VRT 001 x4, 12 frames of 180x320 LQ, tile 40x128x128) and on
   the deblurring validation tile (VRT 005, 12 x 256 x 256 tiles, whose shifted attention needs the chunked path).
 
@@ -56,6 +59,7 @@ from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.bench_vrt import Runner, _load_reference, measure  # noqa: E402
+from benchmarks.gpu_suite_metrics import metrics_section  # noqa: E402
 from benchmarks.gpu_suite_report import markdown  # noqa: E402
 from engine.options import parse_options  # noqa: E402
 from models.layers_sdpa import record_attention_calls  # noqa: E402
@@ -559,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     suite = Suite(args)
     sections = {'environment': environment, 'goldens': goldens, 'parity': parity, 'train': train,
                 'ddp': ddp_section, 'gan': gan_section, 'deterministic': deterministic_section, 'tiled': tiled,
-                'compile': compile_section}
+                'metrics': metrics_section, 'compile': compile_section}
     before = utils_numerics.current_state()
     # the training defaults but deterministic mode (the deterministic section measures both): TF32 off, cuDNN
     # autotuning on

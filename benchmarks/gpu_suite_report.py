@@ -27,6 +27,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
                            'speedup', 'mem_ratio', 'error']),
                 ('deterministic', ['preset', 'clip', 'default_step_s', 'deterministic_step_s', 'bit_identical']),
                 ('tiled', ['job', 'precision', 'lq', 'tile', 'out', 'seconds', 'frames_per_s', 'peak_gb', 'finite']),
+                ('metrics', ['metric', 'size', 'frames', 'frames_per_forward', 'ms_per_frame', 'ms_per_frame_one',
+                             'speedup', 'peak_gb', 'cut_invariant', 'skipped']),
                 ('gan', ['preset', 'clip', 'precision', 'step_s', 'peak_gb', 'finite', 'sn_fp32', 'ddp_units',
                          'scaler_updates', 'scale'])]
     for name, columns in sections:

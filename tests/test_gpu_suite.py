@@ -16,7 +16,8 @@ def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:
                           cwd=ROOT, env=base_env(threads=1), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((out / 'suite.json').read_text())
-    sections = ('environment', 'goldens', 'parity', 'train', 'ddp', 'deterministic', 'tiled', 'compile', 'gan')
+    sections = ('environment', 'goldens', 'parity', 'train', 'ddp', 'deterministic', 'tiled', 'metrics', 'compile',
+                'gan')
     assert {k: results[k]['status'] for k in sections} == dict.fromkeys(sections, 'ok')
     assert results['failed'] == [] and results['problems'] == [] and results['quick'] is True
     assert results['environment']['policy']['tf32'] is False
@@ -32,6 +33,8 @@ def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:
     assert all(r['bit_identical'] for r in results['deterministic']['rows'])
     assert results['ddp']['backend'] == 'gloo' and results['ddp']['ddp_step_s'] > 0
     assert all(r['finite'] and r['frames_per_s'] > 0 for r in results['tiled']['rows'])
+    assert {(r['metric'], r['frames_per_forward'], r['cut_invariant']) for r in results['metrics']['rows']} == \
+        {('lpips', 1, True), ('tlp', 1, True)}  # one frame a forward on the CPU
     assert 'skipped' in results['compile']
     table = (out / 'suite.md').read_text()
     assert '### train' in table and '| vrt_001 | 2x3x40x40 | fp32 | ours |' in table
