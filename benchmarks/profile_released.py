@@ -92,8 +92,25 @@ def build(net_type: str, preset: str) -> nn.Module:
     return profile_step.build(net_type, preset)
 
 
+def top_operators(prof: profile, default: str, count: int) -> dict[str, dict[str, float]]:
+    """Per part, its ``count`` operators of most own CPU time (ms), attributed as :func:`profile_step.attribute`."""
+    events = [e for e in prof.events() if e.device_type.name == 'CPU']
+    by_sequence: dict[int, str] = {}
+    for e in events:
+        if e.sequence_nr >= 0 and not e.name.startswith('autograd::'):
+            part = profile_step._part_of(e, {})
+            if part and e.sequence_nr not in by_sequence:
+                by_sequence[e.sequence_nr] = part
+    ops: dict[str, Counter[str]] = {}
+    for e in events:
+        if not e.name.startswith(profile_step.LABEL):
+            part = profile_step._part_of(e, by_sequence) or default
+            ops.setdefault(part, Counter())[e.name] += e.self_cpu_time_total / 1e3
+    return {part: {name: round(ms, 1) for name, ms in c.most_common(count)} for part, c in ops.items()}
+
+
 def profiled_train(net: nn.Module, net_type: str, preset: str, x: torch.Tensor, y: torch.Tensor,
-                   sampler: str | None, steps: int, out: str) -> dict[str, Any]:
+                   sampler: str | None, steps: int, out: str, top: int = 0) -> dict[str, Any]:
     """One warm-up step, then one step under torch.profiler (parts) or ``steps`` steps under ``sampler``."""
     ema = build(net_type, preset)
     ema.load_state_dict(net.state_dict())
@@ -114,11 +131,13 @@ def profiled_train(net: nn.Module, net_type: str, preset: str, x: torch.Tensor, 
         profile_step.train_step(net, ema, opt, x, y)
         result['train_step_s'] = round(time.perf_counter() - start, 3)
     result['parts'] = profile_step.attribute(prof, 'backward engine, other')
+    if top:
+        result['top_ops'] = top_operators(prof, 'backward engine, other', top)
     return result
 
 
-def profiled_eval(net: nn.Module, lq: torch.Tensor, tile: tuple[int, int],
-                  overlap: tuple[int, int]) -> dict[str, Any]:
+def profiled_eval(net: nn.Module, lq: torch.Tensor, tile: tuple[int, int], overlap: tuple[int, int],
+                  top: int = 0) -> dict[str, Any]:
     """infer_video on ``lq`` in tiles, once under torch.profiler, after one tile-sized forward."""
     io = net_io(net)
     net.eval()
@@ -130,7 +149,10 @@ def profiled_eval(net: nn.Module, lq: torch.Tensor, tile: tuple[int, int],
         start = time.perf_counter()
         infer_video(net, lq, **kwargs)
         seconds = time.perf_counter() - start
-    return {'eval_s': round(seconds, 3), 'parts': profile_step.attribute(prof, 'tiling: pad, crop, blend')}
+    result = {'eval_s': round(seconds, 3), 'parts': profile_step.attribute(prof, 'tiling: pad, crop, blend')}
+    if top:
+        result['top_ops'] = top_operators(prof, 'tiling: pad, crop, blend', top)
+    return result
 
 
 class attached:
@@ -224,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--eval-overlap', type=int, nargs=2, default=(2, 16))
     parser.add_argument('--skip', choices=('train', 'eval'), help='profile only the other one')
     parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--top-ops', type=int, default=0, metavar='N',
+                        help="also give each part's N operators of most own time (JSON key top_ops)")
     parser.add_argument('--sampler', choices=('py-spy', 'perf'), help='sample training steps instead (see above)')
     parser.add_argument('--steps', type=int, default=1, help='--sampler: training steps sampled')
     parser.add_argument('--out', help='--sampler: where the samples go')
@@ -244,11 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {'net': args.net, 'preset': preset, 'threads': torch.get_num_threads(),
                                'torch': torch.__version__, 'params': sum(p.numel() for p in net.parameters())}
     parts: dict[str, dict[str, dict[str, float]]] = {}
+    top_ops: dict[str, Any] = {}
     if args.skip != 'train' or args.sampler:
         x = torch.rand(1, frames, io.in_chans, h, w, generator=gen)
         out_frames = 1 if io.frame_interpolation else frames
         y = torch.rand(1, out_frames, io.out_chans, h * io.scale, w * io.scale, generator=gen)
-        train = profiled_train(net, args.net, preset, x, y, args.sampler, args.steps, args.out or '')
+        train = profiled_train(net, args.net, preset, x, y, args.sampler, args.steps, args.out or '', args.top_ops)
         results['train_clip'] = [frames, h, w]
         if args.sampler:
             results.update(train)
@@ -256,14 +281,18 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(results), flush=True)  # noqa: T201
             return 0
         parts['train'] = train.pop('parts')
+        top_ops['train'] = train.pop('top_ops', None)
         results.update(train)
         results['data_loading_ms'] = round(profile_step.data_loading_ms(io, frames, (h, w)), 1)
     if args.skip != 'eval':
         lq = torch.rand(1, io.clip_frames or args.eval_frames, io.in_chans, *args.eval_size, generator=gen)
-        evaluation = profiled_eval(net, lq, tuple(args.eval_tile), tuple(args.eval_overlap))
+        evaluation = profiled_eval(net, lq, tuple(args.eval_tile), tuple(args.eval_overlap), args.top_ops)
         parts['eval'] = evaluation.pop('parts')
+        top_ops['eval'] = evaluation.pop('top_ops', None)
         results.update(evaluation, eval_clip=list(lq.shape[1:2]) + list(args.eval_size),
                        eval_tile=[*args.eval_tile, *args.eval_overlap])
+    if args.top_ops:
+        results['top_ops'] = top_ops
     results['parts_ms'] = {k: {p: {m: round(v, 1) for m, v in d.items()} for p, d in t.items()}
                            for k, t in parts.items()}
     profile_step._print_table(results, parts)
