@@ -25,7 +25,7 @@ oneDNN, the dispatcher and the autograd engine) against the rest (Python code, t
 argument parsing and wrapping, ``libc``), and the Python functions the rest is spent in; for perf (every thread,
 user-space cycles, 250 Hz) the share of CPU time by shared object (``perf report --sort dso``).
 
-Prints Markdown tables and one JSON line.
+Prints Markdown tables and one JSON line; ``--merge LOG...`` prints one table of several runs' outputs.
 """
 
 from __future__ import annotations
@@ -234,6 +234,51 @@ def summarize_perf(path: str, top: int = 12) -> dict[str, Any]:
     return {'samples': samples.group(1) if samples else '?', 'dso_pct': shares}
 
 
+# rows of the merged table (--merge): the parts of every network, grouped as the issue names them
+GROUPS = {
+    'attention (qkv, kernel, projection)': ('attention (qkv, kernel, projection)',),
+    'MLP and norms of the transformer blocks': ('MLP, norm',),
+    'window shift/partition/pad, masks': ('window shift/partition/pad, norm',),
+    'deformable alignment (IART: implicit warp)': ('deformable alignment', 'alignment (IART implicit warp)'),
+    'flow estimation (SpyNet)': ('flow estimation (SpyNet)',),
+    'flow warping, composition': ('flow warping, composition',),
+    'propagation convolutions (BasicVSR++ backbone, IART embed/residual convs)': (
+        'propagation backbone (convolutions)', 'propagation transformer (embed, residual convs, norms)'),
+    'reconstruction head (convolutions)': ('reconstruction head (convolutions)',),
+    'other network ops, loss, tiling': ('other network ops (norms, linears, residuals)', 'propagation: stacks, layout',
+                                        'loss', 'backward engine, other', 'tiling: pad, crop, blend'),
+    'optimizer (Adam) and EMA update': ('optimizer (Adam)', 'EMA update'),
+}
+
+
+def merged_table(runs: list[dict[str, Any]]) -> str:
+    """One Markdown table of several runs' JSON lines: seconds and share of the profiled time per group of parts,
+    layout copies (within those groups), data loading and the wall time of the step or evaluation."""
+    columns = [(r, kind) for r in runs for kind in ('train', 'eval') if kind in r['parts_ms']]
+    head = ' | '.join(f"{r['net']} {r['preset']} {kind}" for r, kind in columns)
+    lines = [f'| part | {head} |', '|---' * (len(columns) + 1) + '|']
+    totals = [sum(d['ms'] for d in r['parts_ms'][kind].values()) for r, kind in columns]
+    known = {p for parts in GROUPS.values() for p in parts}
+    for group, parts in GROUPS.items():
+        cells = []
+        for (r, kind), total in zip(columns, totals):
+            got = r['parts_ms'][kind]
+            extra = [p for p in got if p not in known] if group.startswith('other') else []
+            ms = sum(got[p]['ms'] for p in (*parts, *extra) if p in got)
+            cells.append(f'{ms / 1e3:.2f} s ({100 * ms / total:.0f}%)' if ms else '-')
+        lines.append(f"| {group} | {' | '.join(cells)} |")
+    copies = [sum(d['copies_ms'] for d in r['parts_ms'][kind].values()) for r, kind in columns]
+    lines.append('| of all these: layout copies (copy_, cat, stack, clone) | '
+                 + ' | '.join(f'{c / 1e3:.2f} s ({100 * c / t:.0f}%)' for c, t in zip(copies, totals)) + ' |')
+    lines.append('| data loading, per batch (synthetic set, main process) | '
+                 + ' | '.join(f"{r['data_loading_ms']:.0f} ms" if kind == 'train' and 'data_loading_ms' in r else '-'
+                              for r, kind in columns) + ' |')
+    lines.append('| **total profiled (own CPU time)** | ' + ' | '.join(f'{t / 1e3:.1f} s' for t in totals) + ' |')
+    lines.append('| wall time (under the profiler) | ' + ' | '.join(
+        f"{r['train_step_s' if kind == 'train' else 'eval_s']:.1f} s" for r, kind in columns) + ' |')
+    return '\n'.join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--net', choices=sorted(PRESETS), default='vrt')
@@ -251,7 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--sampler', choices=('py-spy', 'perf'), help='sample training steps instead (see above)')
     parser.add_argument('--steps', type=int, default=1, help='--sampler: training steps sampled')
     parser.add_argument('--out', help='--sampler: where the samples go')
+    parser.add_argument('--merge', nargs='+', metavar='LOG', help="print one table of these runs' output (each "
+                        "file's last JSON line) and exit")
     args = parser.parse_args(argv)
+    if args.merge:
+        runs = [json.loads([ln for ln in Path(f).read_text().splitlines() if ln.startswith('{')][-1])
+                for f in args.merge]
+        print(merged_table(runs))  # noqa: T201
+        return 0
     if args.sampler and not args.out:
         args.out = f'/tmp/profile_released_{args.net}.{"txt" if args.sampler == "py-spy" else "perf"}'
     torch.set_num_threads(args.threads)
