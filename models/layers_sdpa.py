@@ -23,12 +23,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 class _BiasedAttention(torch.autograd.Function):
     """Attention with a trainable additive bias that stores no (N x N) matrix for backward.
 
-    Forward is ``F.scaled_dot_product_attention`` (the fused kernel); backward recomputes the probabilities per
-    sample and chunk of the head axis (FlashAttention's recipe, with the row term ``rowsum(dO * O)``) and returns
-    the gradients of q, k, v and the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
+    Forward is ``F.scaled_dot_product_attention`` (the fused kernel); backward recomputes the probabilities chunk by
+    chunk (FlashAttention's recipe, with the row term ``rowsum(dO * O)``) and returns the gradients of q, k, v and
+    the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
     """
 
-    _CHUNK_ELEMENTS = 1 << 21  # about 8 MB of fp32 scores per chunk
+    # Scores per backward chunk (8 MB of fp32): whole samples (all heads) when one fits, else spans of one sample's
+    # heads. VRT's windows are the batch axis (B = windows x clips, 3-6 heads), and a chunk of one sample makes
+    # hundreds of tiny matrix products per call at its 64- and 128-token windows, each a parallel region (with
+    # OMP_WAIT_POLICY=PASSIVE, a wake-up); benchmarks/RESULTS.md, "VRT's train step by profiling".
+    _CHUNK_ELEMENTS = 1 << 21
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
@@ -45,19 +49,24 @@ class _BiasedAttention(torch.autograd.Function):
         b, heads, n, _ = q.shape
         grad_out = grad_out.contiguous()
         row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, N, 1) = rowsum(dP * P)
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grad_q, grad_k, grad_v = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous
         grad_bias = torch.zeros_like(bias)
-        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))
-        for i in range(b):
+        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))  # heads per chunk
+        samples = max(1, step // heads)  # samples per chunk (several only with all heads)
+        for i0 in range(0, b, samples):
+            rows = slice(i0, min(i0 + samples, b))
             for h0 in range(0, heads, step):
                 hs = slice(h0, min(h0 + step, heads))
-                qh, kh, vh, go = q[i, hs], k[i, hs], v[i, hs], grad_out[i, hs]
-                probs = torch.baddbmm(bias[0, hs], qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
-                torch.bmm(probs.transpose(-2, -1), go, out=grad_v[i, hs])
-                grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[i, hs]).mul_(probs)  # dL/dscores
-                grad_bias[0, hs] += grad_s
-                torch.bmm(grad_s, kh, out=grad_q[i, hs]).mul_(scale)
-                torch.bmm(grad_s.transpose(-2, -1), qh, out=grad_k[i, hs]).mul_(scale)
+                qh, kh, vh, go = (t[rows, hs].flatten(0, 1) for t in (q, k, v, grad_out))  # (S * h, N, d)
+                scores = bias[0, hs].repeat(rows.stop - i0, 1, 1)  # (S * h, N, N)
+                probs = scores.baddbmm_(qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
+                torch.bmm(probs.transpose(-2, -1), go, out=grad_v[rows, hs].flatten(0, 1))
+                grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[rows, hs].flatten(0, 1)).mul_(probs)
+                grad_bias[0, hs] += grad_s.view(rows.stop - i0, -1, n, n).sum(0) if rows.stop - i0 > 1 else grad_s
+                torch.baddbmm(grad_q[rows, hs].flatten(0, 1), grad_s, kh, beta=0, alpha=scale,
+                              out=grad_q[rows, hs].flatten(0, 1))
+                torch.baddbmm(grad_k[rows, hs].flatten(0, 1), grad_s.transpose(-2, -1), qh, beta=0, alpha=scale,
+                              out=grad_k[rows, hs].flatten(0, 1))
         return grad_q, grad_k, grad_v, grad_bias, None
 
 

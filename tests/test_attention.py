@@ -120,6 +120,30 @@ def test_chunked_attention_equals_unchunked(batch: int, heads: int, limit: int, 
     _assert_close_all(chunked, whole, 1e-6, ['output', 'grad q', 'grad k', 'grad v', 'grad mask'])
 
 
+# ------------------------------------------------------------------- the CPU backward of a trainable bias
+@pytest.mark.parametrize(('batch', 'heads', 'chunk'), [(7, 3, 2 * 3 * 256), (2, 5, 2 * 256)],
+                         ids=['samples-per-chunk', 'head-spans'])
+def test_bias_backward_equals_autograd_of_the_formula(batch: int, heads: int, chunk: int,
+                                                      monkeypatch: pytest.MonkeyPatch, sdpa_calls: list[dict]) -> None:
+    """The recomputing backward of a trainable bias, cut into chunks of several whole samples (7 = 2 + 2 + 2 + 1,
+    the bias gradient summed over each chunk's samples) or into spans of one sample's heads (5 = 2 + 2 + 1): the
+    output and the q, k, v and bias gradients agree with autograd through softmax(q k^T s + bias) v in float64."""
+    monkeypatch.setattr(layers_sdpa._BiasedAttention, '_CHUNK_ELEMENTS', chunk)  # N = 16: 256 scores per head
+    inputs = _qkv_mask(heads=heads, n=16, hd=8, batch=batch)
+    upstream = torch.randn(batch, heads, 16, 8, generator=torch.Generator().manual_seed(9))
+
+    def run(fn: Callable[..., Tensor], dtype: torch.dtype) -> list[Tensor]:
+        leaves = [t.to(dtype, copy=True).requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        out.backward(upstream.to(dtype))
+        return [t.float() for t in [out.detach()] + [t.grad for t in leaves]]
+
+    got = run(lambda q, k, v, m: attention(q, k, v, m, 0.3), torch.float32)
+    assert [c['path'] for c in sdpa_calls] == ['biased']
+    expected = run(lambda q, k, v, m: (q @ k.transpose(-2, -1) * 0.3 + m).softmax(-1) @ v, torch.float64)
+    _assert_close_all(got, expected, 2e-6, ['output', 'grad q', 'grad k', 'grad v', 'grad mask'])
+
+
 def test_spans_are_balanced_and_cover() -> None:
     spans = layers_sdpa._spans(73728, 65535)
     assert [s.stop - s.start for s in spans] == [36864, 36864]
