@@ -23,7 +23,8 @@ for ``--steps`` training steps without ``torch.profiler`` and prints where the s
 thread, ``--native``, 100 Hz) the share of samples inside torch's operator library (``libtorch_cpu``: ATen kernels,
 oneDNN, the dispatcher and the autograd engine) against the rest (Python code, the interpreter, ``libtorch_python``'s
 argument parsing and wrapping, ``libc``), and the Python functions the rest is spent in; for perf (every thread,
-user-space cycles, 250 Hz) the share of CPU time by shared object (``perf report --sort dso``).
+cpu-clock, 250 Hz, the kernel included) the share of CPU time by shared object (``perf report --sort dso``), the
+kernel's top symbols (page faults, thread wake-ups), the share in copy kernels, and how busy the cores were.
 
 Prints Markdown tables and one JSON line; ``--merge LOG...`` prints one table of several runs' outputs.
 """
@@ -231,7 +232,15 @@ def summarize_perf(path: str, top: int = 12) -> dict[str, Any]:
         if found and len(shares) < top:
             shares[found.group(2)] = float(found.group(1))
     samples = re.search(r'# Samples: (\S+)', report)
-    return {'samples': samples.group(1) if samples else '?', 'dso_pct': shares}
+    by_symbol = subprocess.run(['perf', 'report', '-i', path, '--sort', 'sym', '--stdio'], capture_output=True,
+                               text=True, check=True).stdout
+    kernel = re.findall(r'^\s*([\d.]+)%\s+\[k\]\s+(\S+)', by_symbol, re.M)[:6]  # page faults, wake-ups
+    copies = sum(float(pct) for pct, name in re.findall(r'^\s*([\d.]+)%\s+\[\.\]\s+(.*)$', by_symbol, re.M)
+                 if 'copy_kernel' in name or 'memmove' in name or 'memcpy' in name)
+    events = re.search(r'# Event count \(approx\.\): (\d+)', report)  # cpu-clock: nanoseconds of CPU time
+    return {'samples': samples.group(1) if samples else '?',
+            'cpu_s': round(int(events.group(1)) / 1e9, 2) if events else None, 'dso_pct': shares,
+            'kernel_top_pct': {name: float(pct) for pct, name in kernel}, 'copy_kernels_pct': round(copies, 2)}
 
 
 # rows of the merged table (--merge): the parts of every network, grouped as the issue names them
@@ -330,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.sampler:
             results.update(train)
             results[args.sampler] = (summarize_pyspy if args.sampler == 'py-spy' else summarize_perf)(args.out)
+            if results[args.sampler].get('cpu_s'):  # CPU time over the wall time of the threads
+                results['cores_busy_pct'] = round(100 * results[args.sampler]['cpu_s'] / (
+                    results['sampled_step_s'] * args.steps * args.threads), 1)
             print(json.dumps(results), flush=True)  # noqa: T201
             return 0
         parts['train'] = train.pop('parts')
