@@ -4,13 +4,15 @@ Examples:
     python benchmarks/bench_basicvsrpp.py --preset c64n7 --threads 2 --frames 10
     python benchmarks/bench_basicvsrpp.py --preset c64n7 --ref /tmp/ref_bvsrpp --threads 2 --iters 3
     python benchmarks/bench_basicvsrpp.py --preset deblur --device cuda --amp bf16 --frames 30
+    python benchmarks/bench_basicvsrpp.py --preset c64n7 --baseline HEAD~1 --threads 2   # before/after, one process
 
 ``--ref PATH`` names a directory holding BasicSR's ``basicsr/archs/basicvsrpp_arch.py`` and what it imports
 (``arch_util``, ``basicvsr_arch``, ``spynet_arch``, ``edvr_arch``, ``basicsr.ops.dcn.ModulatedDeformConvPack``,
 ``basicsr.utils.registry``): the reference network, built with the same constructor arguments and given our weights
 (identical state-dict names). Nothing of it is part of this repository. A train step is forward, Charbonnier loss,
 backward and an Adam step (``Runner`` of ``bench_vrt.py``); the runners alternate inside each iteration so both see
-the same machine load; the medians are reported.
+the same machine load; the medians are reported. ``--baseline REV`` times this repository's own network at git
+revision REV beside the working tree's (``load_baseline`` of ``bench_vrt.py``), given the same weights.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.bench_vrt import Runner, add_run_args, measure  # noqa: E402
+from benchmarks.bench_vrt import Runner, add_run_args, load_baseline, measure  # noqa: E402
 from models.network_basicvsrpp import BasicVSRPlusPlus  # noqa: E402
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
     add_run_args(parser, 'torch.compile our network', iters=3)
     parser.add_argument('--ref', metavar='PATH', help='directory with the reference (see above) to time beside ours')
+    parser.add_argument('--baseline', metavar='REV', help="also time this repository's network at git revision REV")
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -69,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     ours = BasicVSRPlusPlus(**kwargs).to(device)
     nets: dict[str, nn.Module] = {'ours': torch.compile(ours) if args.compile else ours}
+    if args.baseline:
+        baseline = load_baseline(args.baseline, 'models.network_basicvsrpp', 'BasicVSRPlusPlus')(**kwargs).to(device)
+        baseline.load_state_dict(ours.state_dict(), strict=True)
+        nets['baseline'] = baseline
     if args.ref:
         reference = load_reference(args.ref)(**kwargs).to(device)
         reference.load_state_dict(ours.state_dict(), strict=True)
@@ -83,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {'impl': name, **common, 'forward_s': round(m['forward_s'], 4),
                          'train_step_s': round(m['train_step_s'], 4), 'peak_mem_mb': round(m['peak_mem_mb'], 1)}
         print(json.dumps(results[name]), flush=True)
+    if 'baseline' in results:
+        r, o = results['baseline'], results['ours']
+        print(json.dumps({'speedup_vs_baseline_train_step': round(r['train_step_s'] / o['train_step_s'], 3),
+                          'speedup_vs_baseline_forward': round(r['forward_s'] / o['forward_s'], 3)}), flush=True)
     if 'reference' in results:
         r, o = results['reference'], results['ours']
         print(json.dumps({'speedup_train_step': round(r['train_step_s'] / o['train_step_s'], 3),

@@ -55,9 +55,12 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
     rows = torch.arange(row0, row0 + ho, dtype=x.dtype, device=x.device).view(ho, 1)
     py = rows + ky.reshape(points, 1, 1) + off[:, :, :, 0]
     px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + off[:, :, :, 1]
-    # align_corners=False with (2p + 1) / size - 1 maps back to pixel p, for a size of 1 too
-    grid = torch.stack(((2 * px + 1) / w - 1, (2 * py + 1) / h - 1), dim=-1)
-    cols = grid_sample(x.view(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * ho, w, 2),
+    # align_corners=False with (2p + 1) / size - 1 maps back to pixel p, for a size of 1 too; in place on the new
+    # tensors (none of these ops keeps its output for backward): fewer large allocations, the same bits
+    grid = torch.stack((px.mul_(2).add_(1).div_(w).sub_(1), py.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
+    # a view for NCHW inputs and for one channels-last sample (then each pixel's channels of a group lie together,
+    # which bilinear sampling reads faster), a copy otherwise
+    cols = grid_sample(x.reshape(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * ho, w, 2),
                        mode='bilinear', padding_mode='zeros', align_corners=False)
     cols = cols.view(n, off_groups, cin // off_groups, points, ho, w)
     modulation = mask.view(n, off_groups, 1, points, ho, w)
@@ -181,11 +184,12 @@ class DCNv2PackFlowGuided(nn.Module):
             (N, C, H, W) aligned features.
         """
         out = self.conv_offset(torch.cat([warped, current, flows], dim=1))
-        o1, o2, mask = torch.chunk(out, 3, dim=1)
+        third = out.shape[1] // 3  # offsets (dy, dx) of the two halves, then the mask logits
         # offsets and the convolution in fp32 even under autocast (float64 stays float64): the residue (up to
         # 10 px) plus the flow needs sub-pixel precision that bf16 does not have
         work = torch.float64 if out.dtype == torch.float64 else torch.float32
-        offset = self.max_residue_magnitude * torch.tanh(torch.cat((o1, o2), dim=1).to(work))
+        offset = self.max_residue_magnitude * torch.tanh(out[:, :2 * third].to(work))
+        mask = out[:, 2 * third:]
         k = self.pa_frames // 2
         # each neighbour's chunk of offsets gets its flow, flipped to (dy, dx) and repeated per point/group
         n, _, h, w = offset.shape

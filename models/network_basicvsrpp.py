@@ -46,6 +46,16 @@ DEFORM_GROUPS = 16  # fixed in the reference
 HEAD_PIXELS = 64 * 64 * 16  # LQ pixels per chunk of feature extraction / reconstruction (16 frames of 64x64)
 
 
+def conv_layout(x: Tensor) -> Tensor:
+    """``x`` (N, C, H, W) in the memory layout its convolutions run fastest on: channels-last on the CPU (oneDNN
+    reorders NCHW inputs on every call; its convolutions run 1.1-2x faster, forward and backward, on channels-last,
+    benchmarks/RESULTS.md "BasicVSR++ and RVRT against their references"), as it is elsewhere and for float64 (no
+    oneDNN kernel). Convolutions keep the layout of their input, so only concatenations need it set again."""
+    if x.device.type == 'cpu' and x.dtype != torch.float64:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 class ResidualBlockNoBN(nn.Module):
     """``x + conv2(relu(conv1(x)))``, 3x3 convolutions; initialised as BasicSR (Kaiming normal x 0.1, zero bias).
 
@@ -64,7 +74,7 @@ class ResidualBlockNoBN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (N, C, H, W) -> (N, C, H, W)."""
-        return x + self.conv2(F.relu(self.conv1(x)))
+        return x + self.conv2(F.relu(self.conv1(x), inplace=True))  # in place: the convolution keeps no output
 
 
 class ConvResidualBlocks(nn.Module):
@@ -83,8 +93,8 @@ class ConvResidualBlocks(nn.Module):
             nn.Sequential(*[ResidualBlockNoBN(num_out_ch) for _ in range(num_block)]))
 
     def forward(self, x: Tensor) -> Tensor:
-        """x: (N, C_in, H, W) -> (N, C_out, H, W)."""
-        return self.main(x)
+        """x: (N, C_in, H, W) -> (N, C_out, H, W), in :func:`conv_layout`."""
+        return self.main(conv_layout(x))
 
 
 class SecondOrderDeformableAlignment(nn.Module):
@@ -130,12 +140,14 @@ class SecondOrderDeformableAlignment(nn.Module):
         Returns:
             (N, C, H, W), float32 (float64 for float64 inputs) whatever the autocast state.
         """
-        out = self.conv_offset(torch.cat([extra_feat, flow_1.to(extra_feat.dtype), flow_2.to(extra_feat.dtype)], 1))
-        o1, o2, mask = torch.chunk(out, 3, dim=1)
+        out = self.conv_offset(conv_layout(torch.cat([extra_feat, flow_1.to(extra_feat.dtype),
+                                                      flow_2.to(extra_feat.dtype)], 1))).contiguous()
+        third = out.shape[1] // 3  # offsets (dy, dx) of the two halves, then the mask logits
         # offsets, masks and the convolution in fp32 even under autocast: residue (up to 10 px) plus the flow needs
         # sub-pixel precision that bf16 does not have
         work = torch.float64 if out.dtype == torch.float64 else torch.float32
-        offset = self.max_residue_magnitude * torch.tanh(torch.cat((o1, o2), dim=1).to(work))
+        offset = self.max_residue_magnitude * torch.tanh(out[:, :2 * third].to(work))
+        mask = out[:, 2 * third:]
         n, _, h, w = offset.shape
         # each flow, flipped to (dy, dx), is added to every (group, kernel point) pair of its half of the offsets
         flows = torch.stack([flow_1, flow_2], dim=1).to(work).flip(2)
@@ -307,7 +319,8 @@ class BasicVSRPlusPlus(nn.Module):
                 feat_prop = self.deform_align[name](feat_prop, cond, flow_n1, flow_n2)
             inputs = [feat_current] + [feats[k][idx].to(device) for k in earlier] + [feat_prop]
             dtype = torch.promote_types(feat_current.dtype, feat_prop.dtype)
-            feat_prop = feat_prop + self.backbone[name](torch.cat([f.to(dtype) for f in inputs], dim=1))
+            # the residual first: the sum takes its layout (channels-last, see conv_layout), not feat_prop's
+            feat_prop = self.backbone[name](torch.cat([f.to(dtype) for f in inputs], dim=1)) + feat_prop
             outputs.append(feat_prop if store == device else feat_prop.to(store))
         return outputs[::-1] if backward else outputs
 
@@ -315,11 +328,13 @@ class BasicVSRPlusPlus(nn.Module):
     def _head(self, feats: Tensor, lqs: Tensor) -> Tensor:
         """Reconstruction + x4 pixel-shuffle upsampling + skip: (M, 5C, h, w), (M, 3, H, W) -> (M, 3, H', W')."""
         x = self.reconstruction(feats)
-        x = F.leaky_relu(self.pixel_shuffle(self.upconv1(x)), 0.1)
-        x = F.leaky_relu(self.pixel_shuffle(self.upconv2(x)), 0.1)
-        x = self.conv_last(F.leaky_relu(self.conv_hr(x), 0.1))
+        # LeakyReLU in place on each convolution's output (which its backward does not keep), before the pixel
+        # shuffle (a permutation: the same values as after it); one large activation less each
+        x = self.pixel_shuffle(F.leaky_relu(self.upconv1(x), 0.1, inplace=True))
+        x = self.pixel_shuffle(F.leaky_relu(self.upconv2(x), 0.1, inplace=True))
+        x = self.conv_last(F.leaky_relu(self.conv_hr(x), 0.1, inplace=True))
         skip = self.img_upsample(lqs) if self.is_low_res_input else lqs
-        return x + skip.to(x.dtype)
+        return skip.to(x.dtype) + x  # the skip first: the sum takes its (contiguous) layout
 
     def forward(self, lqs: Tensor) -> Tensor:
         """Restore a clip.
