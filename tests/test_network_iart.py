@@ -197,7 +197,7 @@ def test_cpu_cache_mode_trains_and_equals_the_plain_forward(monkeypatch) -> None
     batch sizes (measured: output 1.2e-7; input gradient 6.6e-5 of its largest entry, through SpyNet; parameter
     gradients 2e-4 of their largest entry in SpyNet, which sums over the chunks in another order)."""
     net = _tiny()
-    monkeypatch.setattr(iart_mod, 'HEAD_PIXELS', 2 * 64 * 64)
+    monkeypatch.setattr(iart_mod, 'CACHE_CHUNK_PIXELS', 2 * 64 * 64)
     x = torch.rand(1, 3, 3, 64, 64, generator=torch.Generator().manual_seed(4))
     (out, x_grad, grads), (c_out, c_x_grad, c_grads) = _cached_and_plain(net, x)
     torch.testing.assert_close(c_out, out, atol=1e-6, rtol=0)
