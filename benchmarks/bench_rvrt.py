@@ -4,6 +4,7 @@ Examples:
     python benchmarks/bench_rvrt.py --preset tiny --iters 3 --threads 1
     python benchmarks/bench_rvrt.py --preset 001 --device cuda --amp bf16 --frames 16
     python benchmarks/bench_rvrt.py --preset small --compile        # torch.compile the deformable-attention core
+    python benchmarks/bench_rvrt.py --preset tiny --threads 2 --baseline HEAD~1   # before/after a change, one process
 
 A train step is forward, Charbonnier loss, backward and an Adam step (``Runner`` of ``bench_vrt.py``); peak
 memory is the CUDA allocator peak, or on CPU the peak-RSS rise of a forked child running one train step.
@@ -21,8 +22,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
-from benchmarks.bench_vrt import Runner, add_run_args, measure  # noqa: E402
+from benchmarks.bench_vrt import Runner, add_run_args, load_baseline, measure  # noqa: E402
 from models.model_zoo import TASKS  # noqa: E402
 from models.net_io import net_io  # noqa: E402
 from models.network_rvrt import RVRT  # noqa: E402
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--preset', default='tiny', choices=sorted(PRESETS))
     add_run_args(parser, 'torch.compile the deformable-attention core', iters=3)
     parser.add_argument('--checkpoint', action='store_true', help='use_checkpoint_attn/ffn in the backbones')
+    parser.add_argument('--baseline', metavar='REV',
+                        help="also time this repository's RVRT at git revision REV (same weights, alternating)")
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -60,15 +64,26 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(args.batch, d, io.in_chans, h, w, generator=gen).to(device)
     y = torch.rand(args.batch, d, io.out_chans, h * io.scale, w * io.scale, generator=gen).to(device)
-    m = measure({'ours': Runner(net, x, y, args.amp)}, args.warmup, args.iters, not args.no_memory)['ours']
+    runners = {'ours': Runner(net, x, y, args.amp)}
+    if args.baseline:
+        baseline = load_baseline(args.baseline, 'models.network_rvrt', 'RVRT')(**kwargs).to(device)
+        baseline.load_state_dict(net.state_dict(), strict=True)
+        runners['baseline'] = Runner(baseline, x, y, args.amp)
+    for impl, m in measure(runners, args.warmup, args.iters, not args.no_memory).items():
+        _report(impl, m, args, net, device, (d, h, w))
+    return 0
+
+
+def _report(impl: str, m: dict[str, float], args: argparse.Namespace, net: nn.Module, device: torch.device,
+            size: tuple[int, int, int]) -> None:
+    d, h, w = size
     fwd, step, peak = m['forward_s'], m['train_step_s'], m['peak_mem_mb']
-    print(json.dumps({'net': 'rvrt', 'preset': args.preset, 'device': str(device), 'amp': args.amp,
+    print(json.dumps({'impl': impl, 'net': 'rvrt', 'preset': args.preset, 'device': str(device), 'amp': args.amp,
                       'compile': args.compile, 'checkpoint': args.checkpoint, 'batch': args.batch, 'frames': d,
                       'lq_size': [h, w], 'threads': torch.get_num_threads(), 'torch': torch.__version__,
                       'params': sum(p.numel() for p in net.parameters()), 'forward_s': round(fwd, 4),
                       'train_step_s': round(step, 4), 'peak_mem_mb': round(peak, 1),
                       'train_samples_per_s': round(args.batch / step, 3)}), flush=True)
-    return 0
 
 
 if __name__ == '__main__':

@@ -92,7 +92,8 @@ def _attend_frames(
     off = offset.reshape(b, s, g, kk, 2, hw)
     pos_y = off[:, :, :, :, 0] + base_y  # (B, S, G, kk, HW)
     pos_x = off[:, :, :, :, 1] + base_x
-    grid = torch.stack(((2 * pos_x + 1) / w - 1, (2 * pos_y + 1) / h - 1), dim=-1)
+    # in place on the new tensors (none of these ops keeps its output for backward): the same bits
+    grid = torch.stack((pos_x.mul_(2).add_(1).div_(w).sub_(1), pos_y.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
     cols = grid_sample(
         kv_frames.reshape(b * s * g, c2 // g, h, w),
         grid.view(b * s * g, kk, hw, 2),
@@ -102,10 +103,13 @@ def _attend_frames(
     )  # (B*S*G, 2C/G, kk, HW)
     cols = cols.view(b, s, 2, heads, hd, kk, hw)
     keys, values = cols[:, :, 0], cols[:, :, 1]  # (B, S, heads, hd, kk, HW)
-    qh = q.reshape(b, heads, hd, hw) * hd**-0.5
-    logits = torch.einsum('bhdp,bshdkp->bhskp', qh, keys)
-    attn = logits.reshape(b, heads, s * kk, hw).softmax(dim=2).view(b, heads, s, kk, hw)
-    out = torch.einsum('bhskp,bshdkp->bhdp', attn, values)
+    # products and sums over the small axes (head_dim, then frames x kernel points) in the sampled layout, pixels
+    # innermost: a batched matrix product (einsum) would first copy the samples into a pixel-major layout, which cost
+    # more than the products (1.3-1.4x slower forward and backward, benchmarks/RESULTS.md)
+    qh = q.reshape(b, 1, heads, hd, 1, hw) * hd**-0.5
+    logits = (keys * qh).sum(3)  # (B, S, heads, kk, HW)
+    attn = logits.transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(dim=2).view(b, heads, s, kk, hw)
+    out = (values * attn.transpose(1, 2).unsqueeze(3)).sum((1, 4))  # (B, heads, hd, HW)
     return out.reshape(b, heads * hd, h, w)
 
 
