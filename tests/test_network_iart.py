@@ -20,6 +20,7 @@ from torch import Tensor
 
 import models.network_iart as iart_mod
 from engine import evaluate
+from models.layers_sdpa import record_attention_calls
 from models.memory_plan import cpu_tile
 from models.model_zoo import IART_AUTHOR_FOLDER, TASKS, ModelZooError
 from models.net_io import net_io
@@ -131,6 +132,29 @@ def test_unused_parameters_need_no_gradient() -> None:
                       for m in ('conv_first', 'conv_first_feat', 'conv_before_upsample') for w in ('weight', 'bias')}
     sixty_four = PropagationTransformer(3, 64, [1], [2], [3, 4, 4])
     assert sixty_four.conv_first_feat.weight.requires_grad  # the official runs it on 64-channel features
+
+
+def test_training_keeps_no_attention_matrix_and_one_copy_of_each_high_resolution_activation() -> None:
+    """What a train step holds for backward (benchmarks/RESULTS.md, IART: at most the official's peak memory): every
+    window attention goes through the fused kernel with the recomputing bias backward (no (windows x heads x N x N)
+    probabilities kept), and the head's activations run in place (its four 64-channel high-resolution tensors kept
+    as two, as the official's in-place LeakyReLU does)."""
+    net = _tiny().train()
+    x = torch.rand(1, 1, 3, 64, 64, generator=torch.Generator().manual_seed(8), requires_grad=True)
+    with record_attention_calls() as calls:
+        net(x)
+    assert len(calls) == 4 and {c['path'] for c in calls} == {'biased'}  # 4 branches x 1 frame x 1 block
+
+    saved: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net._head(torch.randn(1, 8, 64, 64, requires_grad=True), torch.rand(1, 3, 64, 64))
+    high_res = 64 * 256 * 256 * 4  # one (1, 64, 256, 256) fp32 tensor
+    assert 2 * high_res <= sum(saved.values()) < 3 * high_res, sum(saved.values()) / high_res
 
 
 def test_io_and_input_checks() -> None:
