@@ -28,11 +28,14 @@ class _BiasedAttention(torch.autograd.Function):
     the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
     """
 
-    # Scores per backward chunk (8 MB of fp32): whole samples (all heads) when one fits, else spans of one sample's
-    # heads. VRT's windows are the batch axis (B = windows x clips, 3-6 heads), and a chunk of one sample makes
-    # hundreds of tiny matrix products per call at its 64- and 128-token windows, each a parallel region (with
-    # OMP_WAIT_POLICY=PASSIVE, a wake-up); benchmarks/RESULTS.md, "VRT's train step by profiling".
+    # Scores per backward chunk: spans of one sample's heads up to _CHUNK_ELEMENTS (8 MB of fp32); when one sample's
+    # heads fit in _SAMPLE_CHUNK_ELEMENTS (2 MB), as many whole samples as fit. VRT's windows are the batch axis
+    # (B = windows x clips, 3-6 heads), and one sample per chunk made hundreds of tiny matrix products per call at
+    # its 64- and 128-token windows, each a parallel region (with OMP_WAIT_POLICY=PASSIVE, a wake-up); 2 MB keeps
+    # the scratch (two chunks alive) within what one 384-token sample of 3 heads took before
+    # (benchmarks/RESULTS.md, "VRT speed by profiling, continued").
     _CHUNK_ELEMENTS = 1 << 21
+    _SAMPLE_CHUNK_ELEMENTS = 1 << 19
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
@@ -52,7 +55,7 @@ class _BiasedAttention(torch.autograd.Function):
         grad_q, grad_k, grad_v = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous
         grad_bias = torch.zeros_like(bias)
         step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))  # heads per chunk
-        samples = max(1, step // heads)  # samples per chunk (several only with all heads)
+        samples = max(1, _BiasedAttention._SAMPLE_CHUNK_ELEMENTS // (heads * n * n)) if step >= heads else 1
         for i0 in range(0, b, samples):
             rows = slice(i0, min(i0 + samples, b))
             for h0 in range(0, heads, step):
@@ -60,6 +63,7 @@ class _BiasedAttention(torch.autograd.Function):
                 qh, kh, vh, go = (t[rows, hs].flatten(0, 1) for t in (q, k, v, grad_out))  # (S * h, N, d)
                 scores = bias[0, hs].repeat(rows.stop - i0, 1, 1)  # (S * h, N, N)
                 probs = scores.baddbmm_(qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
+                del scores  # two chunks alive at most
                 torch.bmm(probs.transpose(-2, -1), go, out=grad_v[rows, hs].flatten(0, 1))
                 grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[rows, hs].flatten(0, 1)).mul_(probs)
                 grad_bias[0, hs] += grad_s.view(rows.stop - i0, -1, n, n).sum(0) if rows.stop - i0 > 1 else grad_s

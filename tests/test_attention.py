@@ -14,7 +14,14 @@ import torch
 from torch import Tensor
 
 from models import layers_attention, layers_sdpa
-from models.layers_attention import TMSAG, WindowAttention, compute_mask, compute_shift_mask, window_partition
+from models.layers_attention import (
+    TMSAG,
+    WindowAttention,
+    compute_mask,
+    compute_shift_mask,
+    window_partition,
+    window_reverse,
+)
 from models.layers_sdpa import attention, record_attention_calls
 from models.model_zoo import TASKS
 from models.network_rvrt import RVRT
@@ -129,6 +136,7 @@ def test_bias_backward_equals_autograd_of_the_formula(batch: int, heads: int, ch
     the bias gradient summed over each chunk's samples) or into spans of one sample's heads (5 = 2 + 2 + 1): the
     output and the q, k, v and bias gradients agree with autograd through softmax(q k^T s + bias) v in float64."""
     monkeypatch.setattr(layers_sdpa._BiasedAttention, '_CHUNK_ELEMENTS', chunk)  # N = 16: 256 scores per head
+    monkeypatch.setattr(layers_sdpa._BiasedAttention, '_SAMPLE_CHUNK_ELEMENTS', chunk)
     inputs = _qkv_mask(heads=heads, n=16, hd=8, batch=batch)
     upstream = torch.randn(batch, heads, 16, 8, generator=torch.Generator().manual_seed(9))
 
@@ -142,6 +150,29 @@ def test_bias_backward_equals_autograd_of_the_formula(batch: int, heads: int, ch
     assert [c['path'] for c in sdpa_calls] == ['biased']
     expected = run(lambda q, k, v, m: (q @ k.transpose(-2, -1) * 0.3 + m).softmax(-1) @ v, torch.float64)
     _assert_close_all(got, expected, 2e-6, ['output', 'grad q', 'grad k', 'grad v', 'grad mask'])
+
+
+def test_shifted_window_gather_equals_roll_and_partition(fresh_cache) -> None:
+    """The one-gather shifted-window partition and its reverse give roll + partition's values, and their backward
+    the roll + partition backward's gradients (a permutation each way: bit for bit)."""
+    window, shift, size = (2, 4, 4), (1, 2, 2), (2, 4, 8, 12)
+    x = torch.randn(*size, 3, generator=torch.Generator().manual_seed(3))
+    upstream = torch.randn(2 * 2 * 2 * 3, 32, 3, generator=torch.Generator().manual_seed(4))
+
+    def through(partition: Callable[[Tensor], Tensor], reverse: Callable[[Tensor], Tensor]) -> list[Tensor]:
+        leaf, windows_leaf = x.clone().requires_grad_(), upstream.clone().requires_grad_()
+        windows, back = partition(leaf), reverse(windows_leaf)
+        windows.backward(upstream)
+        back.backward(x)
+        assert torch.equal(reverse(partition(x)), x)
+        return [windows.detach(), back.detach(), leaf.grad, windows_leaf.grad]
+
+    expected = through(lambda t: window_partition(torch.roll(t, (-1, -2, -2), (1, 2, 3)), window),
+                       lambda w: torch.roll(window_reverse(w, window, *size), shift, (1, 2, 3)))
+    got = through(lambda t: layers_attention.shifted_window_partition(t, window, shift),
+                  lambda w: layers_attention.shifted_window_reverse(w, window, shift, *size))
+    for name, e, g in zip(['windows', 'reversed', 'grad x', 'grad windows'], expected, got):
+        assert torch.equal(e, g), name
 
 
 def test_spans_are_balanced_and_cover() -> None:
@@ -250,10 +281,12 @@ def test_mask_made_during_inference_serves_training(fresh_cache) -> None:
     x = torch.randn(1, 4, 8, 8, 8)
     with torch.inference_mode():
         expected = group(x)
-    assert len(fresh_cache.keys()) == 1
-    cached = compute_shift_mask(*fresh_cache.keys()[0][1:])
+    assert sorted(k[0] for k in fresh_cache.keys()) == ['order', 'windows']  # the mask, the shifted-window gather
+    key = next(k for k in fresh_cache.keys() if k[0] == 'windows')
+    cached = compute_shift_mask(*key[1:])
+    order = layers_attention.window_order(*key[1:])
     # an inference tensor could not be saved for backward by a later step
-    assert not any(t.is_inference() for t in (cached.masks, cached.masked, cached.unmasked))
+    assert not any(t.is_inference() for t in (cached.masks, cached.masked, cached.unmasked, order))
     out = group(x)
     out.square().mean().backward()
     assert torch.equal(out.detach(), expected)
