@@ -222,6 +222,60 @@ def compute_shift_mask(d: int, h: int, w: int, window_size: Size3, shift_size: S
     return MASK_CACHE.get(key, device, lambda: _build_shift_mask(d, h, w, window_size, shift_size, device))
 
 
+class _Gather(torch.autograd.Function):
+    """``x.index_select(1, order)`` for a permutation ``order`` whose backward is the gather by ``inverse``: exact,
+    one pass each way (the backward of ``index_select`` itself zero-fills and scatter-adds)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
+        ctx.save_for_backward(inverse)
+        return x.index_select(1, order)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(1, inverse), None, None
+
+
+def _build_window_order(d: int, h: int, w: int, window_size: Size3, shift_size: Size3,
+                        device: torch.device) -> Tensor:
+    ids = torch.arange(d * h * w, device=device).view(1, d, h, w, 1)
+    order = window_partition(torch.roll(ids, shifts=tuple(-s for s in shift_size), dims=(1, 2, 3)),
+                             window_size).flatten()
+    inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel(), device=device))
+    return torch.stack((order, inverse))
+
+
+@torch.compiler.disable  # the cache is Python state
+def window_order(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, device: torch.device) -> Tensor:
+    """Where each token of the shifted-window partition comes from (cached per size, in the mask cache).
+
+    Returns:
+        (2, D * H * W) int64: row 0 is the flat (d, h, w) position of each windowed token, windows in
+        :func:`window_partition` order after ``torch.roll`` by ``-shift_size``; row 1 is its inverse permutation.
+    """
+    device = torch.device(device)
+    key = ('order', d, h, w, tuple(window_size), tuple(shift_size), device)
+    return MASK_CACHE.get(key, device, lambda: _build_window_order(d, h, w, window_size, shift_size, device))
+
+
+def shifted_window_partition(x: Tensor, window_size: Size3, shift_size: Size3) -> Tensor:
+    """``window_partition(torch.roll(x, -shift_size))`` as one gather (roll copies once per shifted axis).
+
+    x: (B, D, H, W, C) -> (B * num_windows, Wd * Wh * Ww, C), the same values."""
+    b, d, h, w, c = x.shape
+    order = window_order(d, h, w, window_size, shift_size, x.device)
+    n = window_size[0] * window_size[1] * window_size[2]
+    return _Gather.apply(x.reshape(b, d * h * w, c), order[0], order[1]).view(-1, n, c)
+
+
+def shifted_window_reverse(windows: Tensor, window_size: Size3, shift_size: Size3, b: int, d: int, h: int,
+                           w: int) -> Tensor:
+    """Inverse of :func:`shifted_window_partition`: (B * num_windows, N, C) -> (B, D, H, W, C)."""
+    order = window_order(d, h, w, window_size, shift_size, windows.device)
+    return _Gather.apply(windows.reshape(b, d * h * w, -1), order[1], order[0]).view(b, d, h, w, -1)
+
+
 def relative_position_index(window_size: Size3) -> Tensor:
     """Pair-wise relative position index into the (2Wd-1)(2Wh-1)(2Ww-1) bias table: (N, N) int64."""
     coords = torch.stack(torch.meshgrid(*[torch.arange(n) for n in window_size], indexing='ij')).flatten(1)
@@ -405,8 +459,6 @@ class WindowAttention(nn.Module):
                 num_windows = mask.shape[0]
                 bias = bias + mask[:, None, :n, :n]
             out = self._attend(qkv[0], qkv[1], qkv[2], bias, num_windows)  # (B_, h, N, hd)
-        out = out.transpose(1, 2).reshape(b_, n, c)
-
         if self.mut_attn:
             half = n // 2
             xm = x + self.position_bias.repeat(1, 2, 1)
@@ -420,9 +472,10 @@ class WindowAttention(nn.Module):
                     mut = self._attend_in_graph(q, k, v, None, mut_mask, num_windows)
                 else:
                     mut = self._attend(q, k, v, mut_mask, num_windows)  # (B_, 2, h, n/2, hd)
-            mut = mut.permute(0, 1, 3, 2, 4).reshape(b_, n, c)
-            out = torch.cat([mut, out], dim=2)
-        return self.proj(out)
+            # (B_, N, 2C) channels [mutual, self] in one copy (a cat of the two reshaped outputs copies three times)
+            out = torch.stack([mut.permute(0, 1, 3, 2, 4), out.transpose(1, 2).view(b_, 2, half, h, c // h)], dim=3)
+            return self.proj(out.view(b_, n, 2 * c))
+        return self.proj(out.transpose(1, 2).reshape(b_, n, c))
 
 
 class TMSA(nn.Module):
@@ -482,12 +535,15 @@ class TMSA(nn.Module):
             x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h, 0, pad_d))
         dp, hp, wp = d + pad_d, h + pad_h, w + pad_w
         shifted = any(s > 0 for s in shift)
-        if shifted:
+        if shifted and not torch.onnx.is_in_onnx_export():  # the same values, one gather each way
+            windows = self.attn(shifted_window_partition(x, window, shift), mask=mask)
+            x = shifted_window_reverse(windows, window, shift, b, dp, hp, wp)
+        elif shifted:
             x = torch.roll(x, shifts=tuple(-s for s in shift), dims=(1, 2, 3))
-        windows = self.attn(window_partition(x, window), mask=mask if shifted else None)
-        x = window_reverse(windows, window, b, dp, hp, wp)
-        if shifted:
-            x = torch.roll(x, shifts=shift, dims=(1, 2, 3))
+            windows = self.attn(window_partition(x, window), mask=mask)
+            x = torch.roll(window_reverse(windows, window, b, dp, hp, wp), shifts=shift, dims=(1, 2, 3))
+        else:
+            x = window_reverse(self.attn(window_partition(x, window)), window, b, dp, hp, wp)
         if pad_d or pad_h or pad_w:
             x = x[:, :d, :h, :w, :]
         return self.drop_path(x)
