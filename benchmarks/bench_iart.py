@@ -227,11 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({'impl': name, **common, **{k: round(v, 4) if isinstance(v, float) else v
                                                       for k, v in m.items()}}), flush=True)
     if 'official' in measured:  # ratios official / ours for times (> 1: ours faster), ours / official for memory
-        ours, official = measured['ours'], measured['official']
-        ratios = {f'official_over_ours_{part}': round(official[f'{part}_s'] / ours[f'{part}_s'], 3)
-                  for part in ('forward', 'train_step') if f'{part}_s' in ours}
-        if 'peak_mem_mb' in ours:
-            ratios['ours_over_official_peak_mem'] = round(ours['peak_mem_mb'] / official['peak_mem_mb'], 3)
+        mine, theirs = measured['ours'], measured['official']
+        ratios = {f'official_over_ours_{part}': round(theirs[f'{part}_s'] / mine[f'{part}_s'], 3)
+                  for part in ('forward', 'train_step') if f'{part}_s' in mine}
+        if 'peak_mem_mb' in mine:
+            ratios['ours_over_official_peak_mem'] = round(mine['peak_mem_mb'] / theirs['peak_mem_mb'], 3)
         print(json.dumps(ratios), flush=True)
     if args.parts and 'official' in nets:
         ours.train()
