@@ -56,6 +56,47 @@ def conv_layout(x: Tensor) -> Tensor:
     return x
 
 
+def eager_no_grad() -> bool:
+    """True where no gradient is recorded and no tracer or compiler is looking (``out=`` writes, in-place steps and
+    cached tensors are then safe; a traced graph, e.g. the ONNX export's, keeps the plain ops)."""
+    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+                or torch.compiler.is_exporting())
+
+
+def cat_layout(tensors: list[Tensor], dim: int = 1) -> Tensor:
+    """``conv_layout(torch.cat(tensors, dim))`` in one pass where no gradient is recorded: on the CPU the pieces are
+    copied straight into a channels-last tensor (``cat`` of mixed layouts, then the reorder, copies twice). Autograd
+    does not record ``cat(..., out=)``, so with gradients the two steps stay."""
+    first = tensors[0]
+    if not eager_no_grad() or first.device.type != 'cpu' or first.dtype == torch.float64 or first.dim() != 4:
+        return conv_layout(torch.cat(tensors, dim))
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    out = torch.empty(shape, dtype=first.dtype, device=first.device, memory_format=torch.channels_last)
+    return torch.cat(tensors, dim, out=out)
+
+
+class Conv2d(nn.Conv2d):
+    """``nn.Conv2d`` (same parameters and state-dict names) that, where no gradient is recorded, keeps a
+    channels-last copy of its weight for channels-last CPU inputs: oneDNN otherwise reorders the weight on every
+    call (about 2% of BasicVSR++'s CPU forward). The copy is refreshed when the weight changes (its version counter,
+    storage or dtype); the parameter itself stays contiguous (state dicts, safetensors). Training uses the parameter
+    directly, so gradients are untouched."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (N, C_in, H, W) -> (N, C_out, H', W')."""
+        w = self.weight
+        if (not eager_no_grad() or x.device.type != 'cpu' or x.dtype != w.dtype or w.dtype == torch.float64
+                or not x.is_contiguous(memory_format=torch.channels_last)):
+            return super().forward(x)
+        key = (w._version, w.data_ptr(), w.dtype)
+        cached = self.__dict__.get('_weight_cl')
+        if cached is None or cached[0] != key:
+            cached = (key, w.detach().contiguous(memory_format=torch.channels_last))
+            self.__dict__['_weight_cl'] = cached
+        return self._conv_forward(x, cached[1], self.bias)
+
+
 class ResidualBlockNoBN(nn.Module):
     """``x + conv2(relu(conv1(x)))``, 3x3 convolutions; initialised as BasicSR (Kaiming normal x 0.1, zero bias).
 
@@ -65,8 +106,8 @@ class ResidualBlockNoBN(nn.Module):
 
     def __init__(self, num_feat: int) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(num_feat, num_feat, 3, 1, 1)
-        self.conv2 = nn.Conv2d(num_feat, num_feat, 3, 1, 1)
+        self.conv1 = Conv2d(num_feat, num_feat, 3, 1, 1)
+        self.conv2 = Conv2d(num_feat, num_feat, 3, 1, 1)
         for conv in (self.conv1, self.conv2):
             nn.init.kaiming_normal_(conv.weight)
             conv.weight.data.mul_(0.1)
@@ -89,7 +130,7 @@ class ConvResidualBlocks(nn.Module):
     def __init__(self, num_in_ch: int, num_out_ch: int, num_block: int) -> None:
         super().__init__()
         self.main = nn.Sequential(
-            nn.Conv2d(num_in_ch, num_out_ch, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
+            Conv2d(num_in_ch, num_out_ch, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
             nn.Sequential(*[ResidualBlockNoBN(num_out_ch) for _ in range(num_block)]))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -117,10 +158,10 @@ class SecondOrderDeformableAlignment(nn.Module):
         self.weight = nn.Parameter(torch.empty(c, 2 * c, 3, 3))
         self.bias = nn.Parameter(torch.zeros(c))
         self.conv_offset = nn.Sequential(
-            nn.Conv2d(3 * c + 4, c, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
-            nn.Conv2d(c, c, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
-            nn.Conv2d(c, c, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
-            nn.Conv2d(c, 27 * DEFORM_GROUPS, 3, 1, 1))
+            Conv2d(3 * c + 4, c, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
+            Conv2d(c, c, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
+            Conv2d(c, c, 3, 1, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
+            Conv2d(c, 27 * DEFORM_GROUPS, 3, 1, 1))
         # 'auto': the sampled formulation on the CPU (faster than torchvision's CPU kernel, backward especially)
         # and in deterministic mode while autograd records; torchvision's kernel elsewhere
         self.impl = 'auto'
@@ -134,24 +175,31 @@ class SecondOrderDeformableAlignment(nn.Module):
 
         Args:
             x: (N, 2C, H, W).
-            extra_feat: (N, 3C, H, W) ``[cond_n1, current, cond_n2]`` (the previous features flow-warped).
+            extra_feat: (N, 3C, H, W) ``[cond_n1, current, cond_n2]`` (the previous features flow-warped), or
+                the list of the three (N, C, H, W) (concatenated with the flows in one copy).
             flow_1: (N, 2, H, W) flow (dx, dy) to the previous frame; flow_2 to the frame two steps back.
 
         Returns:
             (N, C, H, W), float32 (float64 for float64 inputs) whatever the autocast state.
         """
-        out = self.conv_offset(conv_layout(torch.cat([extra_feat, flow_1.to(extra_feat.dtype),
-                                                      flow_2.to(extra_feat.dtype)], 1))).contiguous()
+        pieces = list(extra_feat) if isinstance(extra_feat, (list, tuple)) else [extra_feat]
+        dtype = pieces[0].dtype
+        out = self.conv_offset(cat_layout(pieces + [flow_1.to(dtype), flow_2.to(dtype)]))
         third = out.shape[1] // 3  # offsets (dy, dx) of the two halves, then the mask logits
         # offsets, masks and the convolution in fp32 even under autocast: residue (up to 10 px) plus the flow needs
         # sub-pixel precision that bf16 does not have
         work = torch.float64 if out.dtype == torch.float64 else torch.float32
-        offset = self.max_residue_magnitude * torch.tanh(out[:, :2 * third].to(work))
-        mask = out[:, 2 * third:]
-        n, _, h, w = offset.shape
+        n, _, h, w = out.shape
         # each flow, flipped to (dy, dx), is added to every (group, kernel point) pair of its half of the offsets
-        flows = torch.stack([flow_1, flow_2], dim=1).to(work).flip(2)
-        offset = (offset.view(n, 2, -1, 2, h, w) + flows.view(n, 2, 1, 2, h, w)).view(n, -1, h, w)
+        flows = torch.stack([flow_1, flow_2], dim=1).to(work).flip(2).view(n, 2, 1, 2, h, w)
+        if not eager_no_grad():  # tanh's backward keeps its output: no in-place steps
+            offset = self.max_residue_magnitude * torch.tanh(out[:, :2 * third].contiguous().to(work))
+            offset = (offset.view(n, 2, -1, 2, h, w) + flows).view(n, -1, h, w)
+        else:  # tanh straight from the (channels-last) convolution output into a contiguous tensor, then in place
+            offset = torch.empty(n, 2 * third, h, w, dtype=work, device=out.device)
+            torch.tanh(out[:, :2 * third].to(work), out=offset)
+            offset.mul_(self.max_residue_magnitude).view(n, 2, -1, 2, h, w).add_(flows)
+        mask = out[:, 2 * third:].contiguous()
         return modulated_deform_conv3x3(x, offset, mask, self.weight, self.bias, self.impl, type(self).__name__)
 
 
@@ -190,8 +238,8 @@ class BasicVSRPlusPlus(nn.Module):
             self.feat_extract = ConvResidualBlocks(3, c, 5)
         else:
             self.feat_extract = nn.Sequential(
-                nn.Conv2d(3, c, 3, 2, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
-                nn.Conv2d(c, c, 3, 2, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
+                Conv2d(3, c, 3, 2, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
+                Conv2d(c, c, 3, 2, 1), nn.LeakyReLU(negative_slope=0.1, inplace=True),
                 ConvResidualBlocks(c, c, 5))
         self.deform_align = nn.ModuleDict()
         self.backbone = nn.ModuleDict()
@@ -199,11 +247,11 @@ class BasicVSRPlusPlus(nn.Module):
             self.deform_align[name] = SecondOrderDeformableAlignment(c, max_residue_magnitude)
             self.backbone[name] = ConvResidualBlocks((2 + i) * c, c, num_blocks)
         self.reconstruction = ConvResidualBlocks(5 * c, c, 5)
-        self.upconv1 = nn.Conv2d(c, c * 4, 3, 1, 1)
-        self.upconv2 = nn.Conv2d(c, 64 * 4, 3, 1, 1)
+        self.upconv1 = Conv2d(c, c * 4, 3, 1, 1)
+        self.upconv2 = Conv2d(c, 64 * 4, 3, 1, 1)
         self.pixel_shuffle = nn.PixelShuffle(2)
-        self.conv_hr = nn.Conv2d(64, 64, 3, 1, 1)
-        self.conv_last = nn.Conv2d(64, 3, 3, 1, 1)
+        self.conv_hr = Conv2d(64, 64, 3, 1, 1)
+        self.conv_last = Conv2d(64, 3, 3, 1, 1)
         self.img_upsample = nn.Upsample(scale_factor=4, mode='bilinear', align_corners=False)
 
     @property
@@ -314,13 +362,14 @@ class BasicVSRPlusPlus(nn.Module):
                 else:
                     feat_n2, flow_n2, cond_n2 = (torch.zeros_like(v) for v in (feat_prop, flow_n1, cond_n1))
                 prev_flow = flow_n1
-                cond = torch.cat([cond_n1, feat_current, cond_n2.to(cond_n1.dtype)], dim=1)
+                cond = [cond_n1, feat_current, cond_n2.to(cond_n1.dtype)]
+                cond = cond if eager_no_grad() else torch.cat(cond, dim=1)  # one cat with the flows
                 feat_prop = torch.cat([feat_prop, feat_n2.to(feat_prop.dtype)], dim=1)
                 feat_prop = self.deform_align[name](feat_prop, cond, flow_n1, flow_n2)
             inputs = [feat_current] + [feats[k][idx].to(device) for k in earlier] + [feat_prop]
             dtype = torch.promote_types(feat_current.dtype, feat_prop.dtype)
             # the residual first: the sum takes its layout (channels-last, see conv_layout), not feat_prop's
-            feat_prop = self.backbone[name](torch.cat([f.to(dtype) for f in inputs], dim=1)) + feat_prop
+            feat_prop = self.backbone[name](cat_layout([f.to(dtype) for f in inputs])) + feat_prop
             outputs.append(feat_prop if store == device else feat_prop.to(store))
         return outputs[::-1] if backward else outputs
 
@@ -378,7 +427,16 @@ class BasicVSRPlusPlus(nn.Module):
 
         outputs = []
         for s, e in chunks:
-            hr = torch.cat([torch.stack([feats[k][i] for i in range(s, e)], 1).to(device) for k in feats], dim=2)
-            out = self._head(hr.flatten(0, 1), lqs[:, s:e].flatten(0, 1))
+            if not eager_no_grad() or device.type != 'cpu' or cache:
+                hr = torch.cat([torch.stack([feats[k][i] for i in range(s, e)], 1).to(device) for k in feats], dim=2)
+                hr = hr.flatten(0, 1)
+            else:  # each frame's features copied once, into the head's channels-last input
+                first = feats['spatial'][s]
+                hr = torch.empty((n * (e - s), len(feats) * first.shape[1], *first.shape[2:]), dtype=first.dtype,
+                                 device=first.device, memory_format=torch.channels_last)
+                frames_of = hr.view(n, e - s, *hr.shape[1:])
+                for j, i in enumerate(range(s, e)):
+                    torch.cat([feats[k][i] for k in feats], 1, out=frames_of[:, j])
+            out = self._head(hr, lqs[:, s:e].flatten(0, 1))
             outputs.append(out.view(n, e - s, *out.shape[1:]).to(store))
         return torch.cat(outputs, dim=1).to(device)

@@ -236,6 +236,21 @@ def test_io_and_input_sizes() -> None:
         BasicVSRPlusPlus(mid_channels=12)
 
 
+def test_inference_path_matches_the_recorded_one_and_follows_weight_changes() -> None:
+    """Without autograd the CPU forward copies straight into channels-last buffers, works in place and keeps
+    channels-last copies of the convolution weights: the same bits as the forward autograd records (two clips, so a
+    mixed-up frame order shows), and weights changed in place (an optimizer step, load_state_dict) are seen."""
+    net = _tiny().eval()
+    x = torch.rand(2, 3, 3, 36, 36, generator=torch.Generator().manual_seed(5))
+    for step in range(2):
+        with torch.no_grad():
+            if step:
+                net.upconv1.weight.mul_(1.5)
+                net.deform_align['forward_1'].conv_offset[0].weight.add_(0.01)
+            fast = net(x)
+        torch.testing.assert_close(fast, net(x).detach(), atol=0, rtol=0)
+
+
 def test_mirror_flag_is_per_forward_and_chunking_changes_nothing(monkeypatch) -> None:
     """A mirrored input does not change how a later input is processed (BasicSR bug); computing flows, features
     and reconstruction in frame chunks gives the same output."""
