@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import checkpoint as torch_checkpoint
 
-from models import layers_attention, layers_sdpa, layers_warp
+from models import layers_sdpa, layers_warp, layers_window
 from models.net_io import NetIO, net_io
 from models.select_network import define_network, network_kwargs, network_specs
 
@@ -271,7 +271,7 @@ def _forward_pass(net: nn.Module, lq: Tensor, gt: Tensor, amp: torch.dtype | Non
     emulation = _Emulation(tracker, amp if meta else None)
     autocast = (torch.autocast("cpu", dtype=amp) if amp is not None and not meta else contextlib.nullcontext())
     # shift masks built in the pass stay out of the process's cache (they are meta tensors)
-    saved_cache, layers_attention.MASK_CACHE = layers_attention.MASK_CACHE, layers_attention._MaskCache()
+    saved_cache, layers_window.MASK_CACHE = layers_window.MASK_CACHE, layers_window._MaskCache()
     if meta:  # torch.equal (RVRT's mirrored-input test) has no meta kernel: the unmirrored input costs more
         net.is_mirror_extended = lambda lqs: False
     try:
@@ -287,7 +287,7 @@ def _forward_pass(net: nn.Module, lq: Tensor, gt: Tensor, amp: torch.dtype | Non
             tracker.output(loss)
             tracker.kept = tracker.saved  # while the graph is alive: what backward will start from
     finally:
-        layers_attention.MASK_CACHE = saved_cache
+        layers_window.MASK_CACHE = saved_cache
         if meta:
             del net.is_mirror_extended
     return tracker

@@ -55,9 +55,9 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.layers_attention import compute_mask, relative_position_index, window_partition, window_reverse
 from models.layers_sdpa import attention
 from models.layers_warp import autocast_off, flow_warp
+from models.layers_window import compute_mask, relative_position_index, window_partition, window_reverse
 from models.net_io import NetIO
 from models.network_spynet import SpyNet, neighbour_flows
 
@@ -214,7 +214,7 @@ _SHIFTED_MAX = 32
 def shifted_windows(size: tuple[int, int, int], window: tuple[int, int, int], shift: tuple[int, int, int],
                     batch: int, device: torch.device) -> ShiftedWindows:
     """The :class:`ShiftedWindows` of ``batch`` samples of a padded ``size`` (multiples of ``window``), cached per
-    size: the masks are :func:`models.layers_attention.compute_mask`'s, grouped on the CPU."""
+    size: the masks are :func:`models.layers_window.compute_mask`'s, grouped on the CPU."""
     key = (size, window, shift, batch, device)
     if key in _SHIFTED:
         _SHIFTED.move_to_end(key)

@@ -13,16 +13,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from models import layers_attention, layers_sdpa
-from models.layers_attention import (
-    TMSAG,
-    WindowAttention,
-    compute_mask,
-    compute_shift_mask,
-    window_partition,
-    window_reverse,
-)
+from models import layers_sdpa, layers_window
+from models.layers_attention import TMSAG, WindowAttention
 from models.layers_sdpa import attention, record_attention_calls
+from models.layers_window import compute_mask, compute_shift_mask, window_partition, window_reverse
 from models.model_zoo import TASKS
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
@@ -169,8 +163,8 @@ def test_shifted_window_gather_equals_roll_and_partition(fresh_cache) -> None:
 
     expected = through(lambda t: window_partition(torch.roll(t, (-1, -2, -2), (1, 2, 3)), window),
                        lambda w: torch.roll(window_reverse(w, window, *size), shift, (1, 2, 3)))
-    got = through(lambda t: layers_attention.shifted_window_partition(t, window, shift),
-                  lambda w: layers_attention.shifted_window_reverse(w, window, shift, *size))
+    got = through(lambda t: layers_window.shifted_window_partition(t, window, shift),
+                  lambda w: layers_window.shifted_window_reverse(w, window, shift, *size))
     for name, e, g in zip(['windows', 'reversed', 'grad x', 'grad windows'], expected, got):
         assert torch.equal(e, g), name
 
@@ -228,9 +222,9 @@ def _reference_mask(d: int, h: int, w: int, window: tuple, shift: tuple) -> Tens
 
 @pytest.fixture()
 def fresh_cache(monkeypatch: pytest.MonkeyPatch):
-    layers_attention.MASK_CACHE.clear()
-    yield layers_attention.MASK_CACHE
-    layers_attention.MASK_CACHE.clear()
+    layers_window.MASK_CACHE.clear()
+    yield layers_window.MASK_CACHE
+    layers_window.MASK_CACHE.clear()
 
 
 SIZES = [((4, 8, 8), (2, 4, 4), (1, 2, 2)), ((6, 16, 8), (6, 8, 8), (3, 4, 4)), ((2, 16, 16), (2, 8, 8), (1, 4, 4)),
@@ -250,7 +244,7 @@ def test_mask_cache_bounded_per_device_lru(monkeypatch: pytest.MonkeyPatch, fres
     cpu, meta = torch.device('cpu'), torch.device('meta')
     nbytes = [_reference_mask(*s, w, sh).numel() * 4 for s, w, sh in SIZES]
     budget = nbytes[0] + nbytes[1] + nbytes[2] // 2  # room for the first two, not for a third
-    monkeypatch.setattr(layers_attention, 'MASK_CACHE_BYTES', budget)
+    monkeypatch.setattr(layers_window, 'MASK_CACHE_BYTES', budget)
     a = compute_mask(*SIZES[0][0], *SIZES[0][1:], cpu)
     compute_mask(*SIZES[1][0], *SIZES[1][1:], cpu)
     compute_mask(*SIZES[0][0], *SIZES[0][1:], cpu)  # touch: size 1 becomes the least recently used
@@ -267,7 +261,7 @@ def test_mask_cache_bounded_per_device_lru(monkeypatch: pytest.MonkeyPatch, fres
 
 
 def test_mask_above_budget_is_built_but_not_kept(monkeypatch: pytest.MonkeyPatch, fresh_cache) -> None:
-    monkeypatch.setattr(layers_attention, 'MASK_CACHE_BYTES', 1000)
+    monkeypatch.setattr(layers_window, 'MASK_CACHE_BYTES', 1000)
     size, window, shift = SIZES[1]
     mask = compute_mask(*size, window, shift, torch.device('cpu'))
     assert torch.equal(mask, _reference_mask(*size, window, shift))
@@ -284,7 +278,7 @@ def test_mask_made_during_inference_serves_training(fresh_cache) -> None:
     assert sorted(k[0] for k in fresh_cache.keys()) == ['order', 'windows']  # the mask, the shifted-window gather
     key = next(k for k in fresh_cache.keys() if k[0] == 'windows')
     cached = compute_shift_mask(*key[1:])
-    order = layers_attention.window_order(*key[1:])
+    order = layers_window.window_order(*key[1:])
     # an inference tensor could not be saved for backward by a later step
     assert not any(t.is_inference() for t in (cached.masks, cached.masked, cached.unmasked, order))
     out = group(x)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torchvision
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from models import layers_attention
+from models import layers_window
 from models.layers_deform_attn import deform_attn
 from models.layers_deform_conv import deform_conv3x3_sampled
 from models.layers_sdpa import attention, record_attention_calls
@@ -437,12 +437,12 @@ def test_torch_compile_smoke() -> None:
 
 def test_mask_cache_bounded_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation-size tiles leave at most MASK_CACHE_BYTES of shift masks on the GPU."""
-    layers_attention.MASK_CACHE.clear()
+    layers_window.MASK_CACHE.clear()
     net = VRT(**TASKS['005_VRT_videodeblurring_DVD'].net_kwargs()).to(CUDA).eval()
     with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
         net(_rand(1, 12, 3, 256, 256))
-    assert 0 < layers_attention.MASK_CACHE.nbytes(CUDA) <= layers_attention.MASK_CACHE_BYTES
-    layers_attention.MASK_CACHE.clear()
+    assert 0 < layers_window.MASK_CACHE.nbytes(CUDA) <= layers_window.MASK_CACHE_BYTES
+    layers_window.MASK_CACHE.clear()
 
 
 # -------------------------------------------------------------------------------------------------- metrics

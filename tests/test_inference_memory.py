@@ -25,8 +25,9 @@ from torch.utils._pytree import tree_leaves
 
 from engine import eval_setup
 from models import layers_deform_conv, memory_plan, network_spynet, network_vrt
-from models.layers_attention import TMSA, TMSAG, compute_mask
+from models.layers_attention import TMSA, TMSAG
 from models.layers_sdpa import record_attention_calls
+from models.layers_window import compute_mask
 from models.net_io import NetIO
 
 ROOT = Path(__file__).resolve().parents[1]

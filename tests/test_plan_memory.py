@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.options import parse_options
-from models import layers_attention, layers_sdpa
+from models import layers_attention, layers_sdpa, layers_window
 from models.memory_plan import (
     CHECKPOINT_SETTINGS,
     _recipe_network,
@@ -72,12 +72,12 @@ def test_estimates_are_positive_and_ordered(recipes: dict[str, dict], name: str)
 
 
 def test_estimate_leaves_the_process_untouched(recipes: dict[str, dict]) -> None:
-    layers_attention.MASK_CACHE.clear()
+    layers_window.MASK_CACHE.clear()
     state = torch.get_rng_state()
     line = startup_line(recipes['vrt_demo'], torch.device('cuda'), 1, 1)
     assert line.startswith('peak memory estimate ') and ' GB' in line
     assert torch.equal(torch.get_rng_state(), state)
-    assert layers_attention.MASK_CACHE.keys() == []  # the pass's meta masks went to a cache of its own
+    assert layers_window.MASK_CACHE.keys() == []  # the pass's meta masks went to a cache of its own
     assert layers_attention.checkpoint is torch.utils.checkpoint.checkpoint  # the pass's patches are undone
     assert layers_sdpa._sdpa.__name__ == '_sdpa'
 
