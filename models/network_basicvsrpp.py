@@ -81,7 +81,9 @@ class Conv2d(nn.Conv2d):
     channels-last copy of its weight for channels-last CPU inputs: oneDNN otherwise reorders the weight on every
     call (about 2% of BasicVSR++'s CPU forward). The copy is refreshed when the weight changes (its version counter,
     storage or dtype); the parameter itself stays contiguous (state dicts, safetensors). Training uses the parameter
-    directly, so gradients are untouched."""
+    directly, so gradients are untouched. A write through ``weight.data`` bypasses the version counter: the
+    optimizer, the EMA update and ``load_state_dict`` write the parameter itself; code of one's own that edits
+    ``.data`` after an inference call must drop the copy (``conv.__dict__.pop('_weight_cl', None)``)."""
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (N, C_in, H, W) -> (N, C_out, H', W')."""
