@@ -10,7 +10,7 @@ Examples:
     python benchmarks/profile_released.py --net vrt --sampler perf --steps 1 --out /tmp/vrt.perf
 
 The parts, the training step (forward, Charbonnier loss, backward, Adam, EMA update) and the attribution are those of
-``benchmarks/profile_step.py`` (whose labels this script extends with IART's modules); the network has random
+``benchmarks/profile_step.py`` (whose labels include IART's modules); the network has random
 weights (speed does not depend on them). Defaults: ``--net`` picks the released constructor (VRT
 ``001_VRT_videosr_bi_REDS_6frames``, RVRT ``001_RVRT_videosr_bi_REDS_30frames``, BasicVSR++ c64n7, IART's one
 constructor), a training clip of a few 64x64 LQ frames (VRT 6, RVRT 4, BasicVSR++ 6, IART 3), and an evaluation of
@@ -50,35 +50,15 @@ from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks import profile_step  # noqa: E402
-from benchmarks.bench_basicvsrpp import PRESETS as BVPP_PRESETS  # noqa: E402
-from benchmarks.bench_rvrt import PRESETS as RVRT_PRESETS  # noqa: E402
-from benchmarks.bench_vrt import PRESETS as VRT_PRESETS  # noqa: E402
 from models import network_iart  # noqa: E402
 from models.model_zoo import IART_RELEASED  # noqa: E402
 from models.net_io import net_io  # noqa: E402
 from models.video_inference import infer_video  # noqa: E402
 
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    'vrt': VRT_PRESETS, 'rvrt': RVRT_PRESETS, 'basicvsrpp': BVPP_PRESETS, 'iart': {'released': dict(IART_RELEASED)}}
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {**profile_step.PRESETS, 'iart': {'released': dict(IART_RELEASED)}}
 RELEASED = {'vrt': '001', 'rvrt': '001', 'basicvsrpp': 'c64n7', 'iart': 'released'}
 TRAIN_FRAMES = {'vrt': 6, 'rvrt': 4, 'basicvsrpp': 6, 'iart': 3}
 
-# IART's modules and functions, labelled like profile_step's (innermost wins); a name the network no longer has is
-# skipped by profile_step.labels
-IART_LABELLED: list[tuple[Any, str, str]] = [
-    (network_iart.WindowAttention3D, 'forward', 'attention (qkv, kernel, projection)'),
-    (network_iart.SwinBlock, '_attn_part', 'window shift/partition/pad, norm'),
-    (network_iart.SwinBlock, 'forward', 'MLP, norm'),
-    (network_iart, 'shifted_windows', 'window shift/partition/pad, norm'),
-    (network_iart, 'window_partition', 'window shift/partition/pad, norm'),
-    (network_iart, 'window_reverse', 'window shift/partition/pad, norm'),
-    (network_iart.ImplicitWarp, 'forward', 'alignment (IART implicit warp)'),
-    (network_iart.IART, 'compute_flow', 'flow warping, composition'),
-    (network_iart, 'flow_warp', 'flow warping, composition'),
-    (network_iart.PropagationTransformer, 'forward', 'propagation transformer (embed, residual convs, norms)'),
-    (network_iart.IART, 'propagate', 'propagation: stacks, layout'),
-    (network_iart.IART, '_head', 'reconstruction head (convolutions)'),
-]
 # the operator library: a py-spy sample with a frame in one of these is inside a torch operator; 'jit' is code in
 # anonymous executable memory (py-spy's '(?)' frames, perf's [JIT]): oneDNN's generated convolution/matmul kernels
 OPERATOR_LIBS = ('libtorch_cpu', 'libdnnl', 'libmkl', 'libgomp', 'libiomp', 'libsleef', 'jit')
@@ -319,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     preset = args.preset or RELEASED[args.net]
     if preset not in PRESETS[args.net]:
         parser.error(f'--preset {preset}: {args.net} has {", ".join(PRESETS[args.net])}')
-    profile_step.LABELLED.extend(IART_LABELLED)
 
     net = build(args.net, preset)
     io = net_io(net)

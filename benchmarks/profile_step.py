@@ -45,6 +45,7 @@ from models import (  # noqa: E402
     layers_deform_attn,
     layers_deform_conv,
     network_basicvsrpp,
+    network_iart,
     network_rvrt,
     network_spynet,
     network_vrt,
@@ -82,6 +83,19 @@ LABELLED: list[tuple[Any, str, str]] = [
     (network_basicvsrpp.BasicVSRPlusPlus, '_head', 'reconstruction head (convolutions)'),
     (network_basicvsrpp.BasicVSRPlusPlus, 'propagate', 'propagation backbone (convolutions)'),
     (video_inference, '_infer_clip', 'tiling: pad, crop, blend'),
+    # IART (benchmarks/profile_released.py profiles its released constructor)
+    (network_iart.WindowAttention3D, 'forward', 'attention (qkv, kernel, projection)'),
+    (network_iart.SwinBlock, '_attn_part', 'window shift/partition/pad, norm'),
+    (network_iart.SwinBlock, 'forward', 'MLP, norm'),
+    (network_iart, 'shifted_windows', 'window shift/partition/pad, norm'),
+    (network_iart, 'window_partition', 'window shift/partition/pad, norm'),
+    (network_iart, 'window_reverse', 'window shift/partition/pad, norm'),
+    (network_iart.ImplicitWarp, 'forward', 'alignment (IART implicit warp)'),
+    (network_iart.IART, 'compute_flow', 'flow warping, composition'),
+    (network_iart, 'flow_warp', 'flow warping, composition'),
+    (network_iart.PropagationTransformer, 'forward', 'propagation transformer (embed, residual convs, norms)'),
+    (network_iart.IART, 'propagate', 'propagation: stacks, layout'),
+    (network_iart.IART, '_head', 'reconstruction head (convolutions)'),
 ]
 
 
