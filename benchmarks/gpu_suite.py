@@ -59,6 +59,8 @@ from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.bench_vrt import Runner, _load_reference, measure  # noqa: E402
+from benchmarks.gpu_suite_common import QUICK_CLIPS, QUICK_RVRT, QUICK_VRT, ROOT, seeded_rand, sync  # noqa: E402
+from benchmarks.gpu_suite_gan import gan_section  # noqa: E402
 from benchmarks.gpu_suite_metrics import metrics_section  # noqa: E402
 from benchmarks.gpu_suite_report import markdown  # noqa: E402
 from engine.options import parse_options  # noqa: E402
@@ -68,39 +70,19 @@ from models.network_rvrt import RVRT  # noqa: E402
 from models.network_vrt import VRT  # noqa: E402
 from models.select_network import define_network, network_kwargs  # noqa: E402
 from models.video_inference import infer_video  # noqa: E402
-from utils import utils_numerics, utils_option  # noqa: E402
+from utils import utils_numerics  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / 'tests' / 'fixtures'
 AMP = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
-GAN_RECIPE = 'options/vrt/010_train_vrt_videosr_realworld_gan.json'
 RECIPES = {'vrt_001': 'options/vrt/001_train_vrt_videosr_bi_reds_6frames.json',
            'vrt_002': 'options/vrt/002_train_vrt_videosr_bi_reds_16frames.json',
            'vrt_005': 'options/vrt/005_train_vrt_videodeblurring_dvd.json',
            'vrt_009': 'options/vrt/009_train_vrt_videofi_vimeo_4frames.json',
            'rvrt_001': 'options/rvrt/001_train_rvrt_videosr_bi_reds_30frames.json'}
-# quick mode: VRT with head dims 20 and 30 (as 120/6 and 180/6; mutual attention in stage 1) and a small RVRT
-# (two clips: guided deformable attention runs), on small clips
-QUICK_VRT = {'net_type': 'vrt', 'upscale': 1, 'img_size': [2, 40, 40], 'window_size': [2, 4, 4],
-             'depths': [2] + [1] * 8, 'indep_reconsts': [8], 'embed_dims': [40] * 7 + [60, 60],
-             'num_heads': [2] * 9, 'pa_frames': 2, 'deformable_groups': 4, 'drop_path_rate': 0.0}
-QUICK_RVRT = {'net_type': 'rvrt', 'upscale': 4, 'clip_size': 2, 'window_size': [2, 4, 4], 'num_blocks': [1, 1, 1],
-              'depths': [1, 1, 1], 'embed_dims': [24, 24, 24], 'num_heads': [2, 2, 2], 'deformable_groups': 4,
-              'attention_heads': 4, 'inputconv_groups': [1] * 6}
-QUICK_CLIPS = {'vrt': (2, 40, 1), 'rvrt': (4, 36, 4)}  # frames, LQ size, scale
 GOLDEN_TOLERANCE = 20, 5  # x the CPU tests' output atol / gradient tolerance (tests/test_gpu.py uses the same)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _sync(device: torch.device) -> None:
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
-def _rand(shape: tuple[int, ...], device: torch.device, seed: int = 0) -> torch.Tensor:
-    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)).to(device)
-
-
 class _BackwardKernels(TorchDispatchMode):
     """Counts the fused SDPA backward kernels dispatched inside it."""
 
@@ -263,7 +245,7 @@ def parity(s: Suite) -> dict[str, Any]:
         if not s.quick and name == 'rvrt_001':
             lq, gt = (4, *lq[1:]), (4, *gt[1:])  # 4 frames are enough for a numerical comparison
         net = s.build(kwargs)
-        x, y = _rand((1, *lq), s.device, 1), _rand((1, *gt), s.device, 2)
+        x, y = seeded_rand((1, *lq), s.device, 1), seeded_rand((1, *gt), s.device, 2)
         with torch.no_grad():
             ref = net.eval()(x).float()
         loss32 = _step(net.train(), x, y, None)
@@ -287,7 +269,7 @@ def train(s: Suite) -> dict[str, Any]:
     iters, warmup = (1, 0) if s.quick else (s.args.iters, 1)
     for name in names:
         kwargs, opt, lq, gt = s.recipe(name)
-        x, y = _rand((1, *lq), s.device, 1), _rand((1, *gt), s.device, 2)
+        x, y = seeded_rand((1, *lq), s.device, 1), seeded_rand((1, *gt), s.device, 2)
         for precision in s.precisions(name, ('fp32', 'bf16'), timed=True):
             if s.over_budget():
                 rows.append({'preset': name, 'precision': precision, 'impl': 'ours', 'error': 'skipped: time budget'})
@@ -350,7 +332,7 @@ def compile_section(s: Suite) -> dict[str, Any]:
     if s.quick and s.device.type == 'cpu':
         return {'skipped': 'torch.compile is measured on CUDA (compiling takes minutes on a small CPU)'}
     kwargs = {**QUICK_VRT, 'img_size': [6, 64, 64], 'window_size': [6, 8, 8]}
-    x, y = _rand((1, 6, 3, 64, 64), s.device, 1), _rand((1, 6, 3, 256, 256), s.device, 2)
+    x, y = seeded_rand((1, 6, 3, 64, 64), s.device, 1), seeded_rand((1, 6, 3, 256, 256), s.device, 2)
     eager = Runner(s.build(kwargs), x, y, 'bf16')
     compiled_net = torch.compile(s.build(kwargs))
     compiled = Runner(compiled_net, x, y, 'bf16')
@@ -365,7 +347,7 @@ def compile_section(s: Suite) -> dict[str, Any]:
 
 def ddp_section(s: Suite) -> dict[str, Any]:
     kwargs, _, lq, gt = s.recipe('vrt_001')
-    x, y = _rand((1, *lq), s.device, 1), _rand((1, *gt), s.device, 2)
+    x, y = seeded_rand((1, *lq), s.device, 1), seeded_rand((1, *gt), s.device, 2)
     backend = 'nccl' if s.device.type == 'cuda' else 'gloo'
     with tempfile.TemporaryDirectory() as tmp:
         extra = {'device_id': s.device} if backend == 'nccl' else {}
@@ -386,95 +368,6 @@ def ddp_section(s: Suite) -> dict[str, Any]:
             'overhead': round(m['ddp']['train_step_s'] / m['bare']['train_step_s'] - 1, 3)}
 
 
-def _gan_options(s: Suite, tmp: str) -> dict[str, Any]:
-    """VRT 010's GAN option file as written (quick: the small VRT and a narrow discriminator), no pretrained files,
-    VGG19 weights generated into ``tmp`` up to the deepest perceptual layer."""
-    from torchvision.models.vgg import cfgs, make_layers
-
-    if s.quick:
-        base = {'task': 'gan', 'model': 'gan', 'scale': 1, 'path': {'root': tmp}, 'netG': QUICK_VRT,
-                'netD': {'net_type': 'discriminator_unet', 'base_nc': 8},
-                'datasets': {'train': {'dataset_type': 'synthetic', 'num_frame': QUICK_CLIPS['vrt'][0],
-                                       'gt_size': QUICK_CLIPS['vrt'][1], 'dataloader_batch_size': 1}},
-                'train': {'F_feature_layer': [2, 7], 'F_weights': [0.1, 1.0], 'E_decay': 0.999}}
-    else:
-        base = utils_option.load_json(str(ROOT / GAN_RECIPE))
-        base['path'] = {'root': tmp}
-        base['netG']['spynet_path'] = None
-    vgg = Path(tmp) / 'vgg19.pth'
-    torch.manual_seed(3)
-    layers = make_layers(cfgs['E'])[:max(base['train']['F_feature_layer']) + 1]
-    torch.save({f'features.{k}': v for k, v in layers.state_dict().items()}, vgg)
-    base['train'] = {**base['train'], 'F_vgg19_path': str(vgg), 'deterministic': False, 'D_init_iters': 0,
-                     'D_update_ratio': 1, 'gan_warmup_iter': 0}
-    return base
-
-
-def gan_section(s: Suite) -> dict[str, Any]:
-    from models.model_gan import ModelGAN
-    from utils.utils_dist import DistInfo
-
-    rows = []
-    iters, warmup = (1, 1) if s.quick else (s.args.iters, 2)
-    precisions = s.precisions('vrt_010', ('fp32', 'bf16', 'fp16'), timed=True)  # CPU: fp16 takes 28 s a step
-    backend = 'nccl' if s.device.type == 'cuda' else 'gloo'
-    with tempfile.TemporaryDirectory() as tmp:
-        base = _gan_options(s, tmp)
-        lq, gt = train_clip(base)
-        extra = {'device_id': s.device} if backend == 'nccl' else {}
-        dist.init_process_group(backend, init_method=f'file://{tmp}/store', rank=0, world_size=1, **extra)
-        try:
-            for precision in precisions:
-                if s.over_budget():
-                    rows.append({'precision': precision, 'error': 'skipped: time budget'})
-                    continue
-                torch.manual_seed(0)
-                amp = 'none' if precision == 'fp32' else precision
-                opt = parse_options(None, base={**copy.deepcopy(base), 'datasets': {},
-                                                 'train': {**base['train'], 'amp': amp}})
-                model = ModelGAN(opt, DistInfo(0, 0, 1, s.device))
-                model.dist = DistInfo(0, 0, 2, s.device)  # the DDP branch of wrap(); the group has one rank
-                model.init_train()
-                model.load_pretrained()
-                updates: list[int] = []
-                if model.scaler is not None:
-                    scaler_update = model.scaler.update
-                    model.scaler.update = lambda u=updates, f=scaler_update: u.append(1) or f()
-                batch = {'L': _rand((1, *lq), s.device, 1), 'H': _rand((1, *gt), s.device, 2)}
-                times = []
-                for step in range(1, warmup + iters + 1):
-                    if step == warmup + 1 and s.device.type == 'cuda':
-                        torch.cuda.reset_peak_memory_stats(s.device)
-                    _sync(s.device)
-                    t0 = time.perf_counter()
-                    model.update_learning_rate(step)
-                    model.train_step([batch], step)
-                    _sync(s.device)
-                    times.append(time.perf_counter() - t0)
-                vectors = [v for k, v in model.net_d.state_dict().items() if k.endswith(('._u', '._v'))]
-                row = {'preset': 'vrt quick' if s.quick else 'vrt_010_gan', 'clip': 'x'.join(map(str, lq)),
-                       'precision': precision, 'step_s': round(min(times[warmup:]), 4),
-                       'peak_gb': round(torch.cuda.max_memory_allocated(s.device) / 2**30, 2)
-                       if s.device.type == 'cuda' else None,
-                       'finite': all(torch.isfinite(torch.tensor(v)) for v in model.current_log().values()),
-                       'sn_fp32': bool(vectors) and all(v.dtype == torch.float32 and bool(torch.isfinite(v).all())
-                                                         for v in vectors),
-                       'ddp_units': sorted(label for label, unit in model.units.items()
-                                           if isinstance(unit.train_net, nn.parallel.DistributedDataParallel)),
-                       'scaler_updates': len(updates) if model.scaler is not None else None,
-                       'scale': model.scaler.get_scale() if model.scaler is not None else None}
-                rows.append(row)
-                if not (row['finite'] and row['sn_fp32'] and row['ddp_units'] == ['D', 'G']) or \
-                        row['scaler_updates'] not in (None, warmup + iters):
-                    s.problems.append(f'gan {precision}: {row}')
-                del model
-                if s.device.type == 'cuda':
-                    torch.cuda.empty_cache()
-        finally:
-            dist.destroy_process_group()
-    return {'rows': rows}
-
-
 def deterministic_section(s: Suite) -> dict[str, Any]:
     rows = []
     before = utils_numerics.current_state()
@@ -483,7 +376,7 @@ def deterministic_section(s: Suite) -> dict[str, Any]:
             kwargs, _, lq, gt = s.recipe(name)
             if not s.quick and name == 'rvrt_001':
                 lq, gt = (6, *lq[1:]), (6, *gt[1:])
-            x, y = _rand((1, *lq), s.device, 1), _rand((1, *gt), s.device, 2)
+            x, y = seeded_rand((1, *lq), s.device, 1), seeded_rand((1, *gt), s.device, 2)
             row = {'preset': name, 'clip': 'x'.join(map(str, lq))}
             for mode in (False, True):
                 utils_numerics.apply_policy(deterministic=mode, tf32=False, device=s.device)
@@ -523,13 +416,13 @@ def tiled(s: Suite) -> dict[str, Any]:
                 continue
             if s.device.type == 'cuda':
                 torch.cuda.reset_peak_memory_stats(s.device)
-            _sync(s.device)
+            sync(s.device)
             t0 = time.perf_counter()
             out = infer_video(net, lq, scale=scale, window_size=window, num_frame_testing=tile[0],
                               num_frame_overlapping=1 if s.quick else 2, size_patch_testing=tile[1],
                               overlap_size=20,
                               device=s.device, autocast_dtype=AMP[precision])
-            _sync(s.device)
+            sync(s.device)
             seconds = time.perf_counter() - t0
             rows.append({'job': label, 'precision': precision, 'lq': f'{frames}x{h}x{w}',
                          'tile': 'x'.join(map(str, tile)), 'out': 'x'.join(map(str, out.shape[-2:])),
