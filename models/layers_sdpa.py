@@ -28,14 +28,32 @@ class _BiasedAttention(torch.autograd.Function):
     the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
     """
 
-    # Scores per backward chunk: spans of one sample's heads up to _CHUNK_ELEMENTS (8 MB of fp32); when one sample's
-    # heads fit in _SAMPLE_CHUNK_ELEMENTS (2 MB), as many whole samples as fit. VRT's windows are the batch axis
-    # (B = windows x clips, 3-6 heads), and one sample per chunk made hundreds of tiny matrix products per call at
-    # its 64- and 128-token windows, each a parallel region (with OMP_WAIT_POLICY=PASSIVE, a wake-up); 2 MB keeps
-    # the scratch (two chunks alive) within what one 384-token sample of 3 heads took before
-    # (benchmarks/RESULTS.md, "VRT speed by profiling, continued").
+    # Scores per backward chunk: as many whole samples as fit in _CHUNK_ELEMENTS (8 MB of fp32), else spans of one
+    # sample's heads up to that size. VRT's windows are the batch axis (B = windows x clips, 3-6 heads), and one
+    # sample per chunk made hundreds of tiny matrix products per call at its 64- and 128-token windows, each a
+    # parallel region (with OMP_WAIT_POLICY=PASSIVE, a wake-up). Two chunks are alive at once: the scratch that
+    # backward_bytes counts and models/memory_plan.py adds to its estimate (benchmarks/RESULTS.md, "VRT speed by
+    # profiling, continued" and its session-4 sequel).
     _CHUNK_ELEMENTS = 1 << 21
-    _SAMPLE_CHUNK_ELEMENTS = 1 << 19
+
+    @staticmethod
+    def chunking(b: int, heads: int, n: int) -> tuple[int, int]:
+        """(samples, heads) per backward chunk of a (b, heads, n, d) call."""
+        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))  # heads per chunk
+        samples = max(1, step // heads) if step >= heads else 1
+        return min(samples, b), min(step, heads)
+
+    @staticmethod
+    def backward_bytes(q_shape: tuple[int, ...], v_shape: tuple[int, ...], element_size: int = 4) -> int:
+        """Bytes that :meth:`backward` allocates at its peak for a (B, H, N, d) call: the gradients of q, k, v and
+        the bias, the contiguous incoming gradient, the row term, and two chunks of (N x N) scores plus a chunk's
+        bias-gradient sum."""
+        b, heads, n, d = q_shape
+        samples, hs = _BiasedAttention.chunking(b, heads, n)
+        values = b * heads * n * v_shape[-1]
+        grads = 2 * b * heads * n * d + values + heads * n * n
+        scratch = 2 * samples * hs * n * n + hs * n * n
+        return element_size * (grads + values + b * heads * n + scratch)
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
@@ -54,8 +72,7 @@ class _BiasedAttention(torch.autograd.Function):
         row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, N, 1) = rowsum(dP * P)
         grad_q, grad_k, grad_v = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous
         grad_bias = torch.zeros_like(bias)
-        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))  # heads per chunk
-        samples = max(1, _BiasedAttention._SAMPLE_CHUNK_ELEMENTS // (heads * n * n)) if step >= heads else 1
+        samples, step = _BiasedAttention.chunking(b, heads, n)
         for i0 in range(0, b, samples):
             rows = slice(i0, min(i0 + samples, b))
             for h0 in range(0, heads, step):
@@ -71,6 +88,7 @@ class _BiasedAttention(torch.autograd.Function):
                               out=grad_q[rows, hs].flatten(0, 1))
                 torch.baddbmm(grad_k[rows, hs].flatten(0, 1), grad_s.transpose(-2, -1), qh, beta=0, alpha=scale,
                               out=grad_k[rows, hs].flatten(0, 1))
+                del probs, grad_s  # before the next chunk's scores: two chunks alive at most, not four
         return grad_q, grad_k, grad_v, grad_bias, None
 
 
@@ -161,13 +179,25 @@ def record_attention_calls() -> Iterator[list[dict[str, Any]]]:
         _OBSERVERS.remove(calls)
 
 
+def _takes_biased_path(q: Tensor, mask: Tensor | None) -> bool:
+    return mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled()
+
+
+def backward_scratch_bytes(q: Tensor, v: Tensor, mask: Tensor | None) -> int:
+    """Bytes the backward of one :func:`_sdpa` call allocates at its peak where that backward is ours
+    (:class:`_BiasedAttention`: the CPU with a trainable mask), else 0 (SDPA's own kernels are not modelled)."""
+    if not _takes_biased_path(q, mask):
+        return 0
+    return _BiasedAttention.backward_bytes(tuple(q.shape), tuple(v.shape), q.element_size())
+
+
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """One attention call: (B, H, N, d) each, mask (1, H, N, N) or None -> (B, H, N, d).
 
     On the CPU a trainable mask goes through :class:`_BiasedAttention` (the CPU flash kernel cannot give the mask
     gradient, and its math fallback stores the (B, H, N, N) probabilities); elsewhere SDPA picks its kernel.
     """
-    biased = mask is not None and mask.requires_grad and q.device.type == 'cpu' and torch.is_grad_enabled()
+    biased = _takes_biased_path(q, mask)
     probe = _KernelProbe() if _OBSERVERS else contextlib.nullcontext()
     with probe:
         if biased:

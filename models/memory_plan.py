@@ -7,8 +7,10 @@ The estimate is the sum of
 * activations kept for backward: the tensors autograd saves during the forward pass, counted once per storage
   (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded; activation checkpointing keeps only the
   inputs of a checkpointed region;
-* the largest transient: the activations a checkpointed region re-creates while backward runs through it, or
-  twice the largest tensor one call produces (the tensor and its gradient), whichever is larger.
+* the largest transient: the activations a checkpointed region re-creates while backward runs through it,
+  twice the largest tensor one call produces (the tensor and its gradient), or what the largest attention backward
+  of the CPU's trainable-bias path allocates (its gradients and score chunks,
+  :func:`models.layers_sdpa.backward_scratch_bytes`), whichever is largest.
 
 The pass follows the CUDA code path: meta tensors take the non-CPU branches (head-dim padding, chunking,
 ``train.deterministic`` formulations), attention calls that the memory-efficient kernel accepts are run as that
@@ -136,6 +138,7 @@ class _Tracker:
         self.regions: list[dict[int, int]] = [{}]  # saved storages: the pass's, then open checkpoint regions'
         self.largest_region = 0
         self.largest_output = 0
+        self.largest_backward = 0  # our attention backward's own allocations (the CPU's trainable-bias path)
         self.attention = 0
         self.kept = 0
 
@@ -247,6 +250,7 @@ def _pass_hooks(tracker: _Tracker, emulation: _Emulation | None) -> contextlib.E
 
     def efficient_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
         if q.device.type != "meta" or layers_sdpa.efficient_kernel_blockers(q, k, v, mask):
+            tracker.largest_backward = max(tracker.largest_backward, layers_sdpa.backward_scratch_bytes(q, v, mask))
             return sdpa(q, k, v, mask, scale)
         region = tracker.regions[-1]
         before = dict(region)
@@ -343,7 +347,7 @@ def estimate_peak_memory(opt: dict[str, Any], device: torch.device | str = "cuda
     adam_states = 2 if str(t_opt.get("G_optimizer_type", "adam")).lower() in ("adam", "adamw") else 1
     ema = params + buffers if float(t_opt.get("E_decay", 0) or 0) > 0 else 0
     ddp = params if world > 1 else 0
-    transient = max(tracker.largest_region, 2 * tracker.largest_output)
+    transient = max(tracker.largest_region, 2 * tracker.largest_output, tracker.largest_backward)
     parts = {"params": params + buffers, "grads": params, "optimizer": adam_states * params, "ema": ema,
              "ddp_buckets": ddp, "activations": tracker.kept, "attention": tracker.attention,
              "transient": transient}

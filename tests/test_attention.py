@@ -130,7 +130,6 @@ def test_bias_backward_equals_autograd_of_the_formula(batch: int, heads: int, ch
     the bias gradient summed over each chunk's samples) or into spans of one sample's heads (5 = 2 + 2 + 1): the
     output and the q, k, v and bias gradients agree with autograd through softmax(q k^T s + bias) v in float64."""
     monkeypatch.setattr(layers_sdpa._BiasedAttention, '_CHUNK_ELEMENTS', chunk)  # N = 16: 256 scores per head
-    monkeypatch.setattr(layers_sdpa._BiasedAttention, '_SAMPLE_CHUNK_ELEMENTS', chunk)
     inputs = _qkv_mask(heads=heads, n=16, hd=8, batch=batch)
     upstream = torch.randn(batch, heads, 16, 8, generator=torch.Generator().manual_seed(9))
 

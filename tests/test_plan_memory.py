@@ -171,3 +171,26 @@ def test_meta_pass_counts_what_a_real_pass_saves(recipes: dict[str, dict], monke
     monkeypatch.setattr(layers_sdpa, 'PAD_HEAD_DIM_ON_CPU', True)
     cpu = estimate_peak_memory(opt, 'cpu', 'none', micro_batch=1)
     assert abs(meta.activations / cpu.activations - 1) < 0.01
+
+
+def test_estimate_counts_the_cpu_attention_backward(recipes: dict[str, dict]) -> None:
+    """The CPU's trainable-bias attention backward allocates its gradients and two chunks of scores (8 MB each):
+    ``backward_scratch_bytes`` bounds what one backward allocates (within 20% of it), and the CPU estimate's
+    transient covers the largest such backward of the demo's step (the demo's largest calls allocate more there
+    than twice its largest tensor)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.rand(64, 3, 128, 12, generator=gen, requires_grad=True) for _ in range(3))
+    bias = torch.rand(1, 3, 128, 128, generator=gen, requires_grad=True)
+    out = layers_sdpa.attention(q, k, v, bias, 12 ** -0.5)
+    grad = torch.rand(out.shape, generator=gen)
+    live = _LiveBytes(0)
+    live.seen.update(t.untyped_storage()._cdata for t in (q, k, v, bias, out, grad))  # views of these are not new
+    with live:
+        torch.autograd.grad(out, (q, k, v, bias), grad)
+    counted = layers_sdpa.backward_scratch_bytes(q, v, bias)
+    assert 0.8 * counted <= live.peak <= counted, (live.peak, counted)
+
+    with layers_sdpa.record_attention_calls() as calls:
+        estimate = estimate_peak_memory(recipes['vrt_demo'], 'cpu', 'none', micro_batch=1)
+    largest = max(layers_sdpa._BiasedAttention.backward_bytes(c['q'], c['v']) for c in calls if c['path'] == 'biased')
+    assert estimate.transient * 2**30 >= largest, (estimate.transient * 2**30, largest)
