@@ -1,15 +1,151 @@
-"""Frame convolutions and the sub-pixel upsampler shared by VRT and RVRT.
+"""Convolutions on the CPU's fast path, the frame convolutions and the sub-pixel upsampler of VRT and RVRT.
 
 The reference networks hold their per-frame convolutions as ``nn.Conv3d`` with a (1, k, k) kernel (so the
 released checkpoints store 5-D weights); here they run as one 2-D convolution over all frames at once.
+
+On the CPU, where no gradient is recorded, convolutions run on channels-last activations with a cached
+channels-last copy of their weight, and a following activation or residual sum is fused into oneDNN's
+convolution (``torch.ops.mkldnn._convolution_pointwise``, what inductor's CPU backend calls): the fused results
+are the same bits as the separate ops in float32 (benchmarks/RESULTS.md, "conv-speed"). Training, float64,
+other dtypes of the fused steps, autocast and other devices keep the plain ops.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+def conv_layout(x: Tensor) -> Tensor:
+    """``x`` (N, C, H, W) in the memory layout its convolutions run fastest on: channels-last on the CPU (oneDNN
+    reorders NCHW inputs on every call; its convolutions run 1.1-2x faster, forward and backward, on channels-last,
+    benchmarks/RESULTS.md "BasicVSR++ and RVRT against their references"), as it is elsewhere and for float64 (no
+    oneDNN kernel). Convolutions keep the layout of their input, so only concatenations need it set again."""
+    if x.device.type == 'cpu' and x.dtype != torch.float64:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def eager_no_grad() -> bool:
+    """True where no gradient is recorded and no tracer or compiler is looking (``out=`` writes, in-place steps and
+    cached tensors are then safe; a traced graph, e.g. the ONNX export's, keeps the plain ops)."""
+    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+                or torch.compiler.is_exporting())
+
+
+def cat_layout(tensors: list[Tensor], dim: int = 1) -> Tensor:
+    """``conv_layout(torch.cat(tensors, dim))`` in one pass where no gradient is recorded: on the CPU the pieces are
+    copied straight into a channels-last tensor (``cat`` of mixed layouts, then the reorder, copies twice). Autograd
+    does not record ``cat(..., out=)``, so with gradients the two steps stay."""
+    first = tensors[0]
+    if not eager_no_grad() or first.device.type != 'cpu' or first.dtype == torch.float64 or first.dim() != 4:
+        return conv_layout(torch.cat(tensors, dim))
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    out = torch.empty(shape, dtype=first.dtype, device=first.device, memory_format=torch.channels_last)
+    return torch.cat(tensors, dim, out=out)
+
+
+def fast_weight(conv: nn.Conv2d | nn.Conv3d, x: Tensor) -> Tensor | None:
+    """The channels-last 4-D copy of ``conv``'s weight (a Conv3d's (C_out, C_in, 1, k, k) squeezed) that ``x`` runs
+    on, or None where the plain op must run: gradients recorded or a tracer looking (:func:`eager_no_grad`), not the
+    CPU, float64, an input of another dtype or not channels-last, a padding mode other than zeros.
+
+    oneDNN otherwise reorders the weight on every call (about 2% of BasicVSR++'s CPU forward). The copy, kept in
+    the module, is refreshed when the weight changes (its version counter, storage or dtype), so optimizer steps,
+    the EMA update and ``load_state_dict`` are seen; the parameter stays contiguous (state dicts, safetensors). A
+    write through ``weight.data`` bypasses the version counter: code that edits ``.data`` after an inference call
+    must drop the copy (``conv.__dict__.pop('_weight_cl', None)``)."""
+    w = conv.weight
+    if (not eager_no_grad() or x.device.type != 'cpu' or x.dtype != w.dtype or w.dtype == torch.float64
+            or conv.padding_mode != 'zeros' or isinstance(conv.padding, str)
+            or not x.is_contiguous(memory_format=torch.channels_last)):
+        return None
+    key = (w._version, w.data_ptr(), w.dtype)
+    cached = conv.__dict__.get('_weight_cl')
+    if cached is None or cached[0] != key:
+        w4 = w.detach().squeeze(2) if w.dim() == 5 else w.detach()
+        cached = (key, w4.contiguous(memory_format=torch.channels_last))
+        conv.__dict__['_weight_cl'] = cached
+    return cached[1]
+
+
+def _fusable(x: Tensor, weight: Tensor | None) -> bool:
+    """Where oneDNN's fused convolution gives the separate ops' bits: float32 outside autocast (in bf16 the fused
+    activation would see the unrounded sum), with oneDNN on."""
+    return (weight is not None and x.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
+            and torch.backends.mkldnn.enabled)
+
+
+def _geometry(conv: nn.Conv2d | nn.Conv3d) -> tuple[list[int], list[int], list[int]]:
+    """Padding, stride and dilation of the 2-D convolution a Conv2d (or a Conv3d with a temporal kernel of 1) runs."""
+    return tuple(list(v[-2:]) for v in (conv.padding, conv.stride, conv.dilation))  # type: ignore[return-value]
+
+
+def conv_act(conv: nn.Conv2d | nn.Conv3d, x: Tensor, negative_slope: float = 0.0) -> Tensor:
+    """``leaky_relu(conv(x), negative_slope)`` (``relu`` for a slope of 0), the activation written in place on the
+    convolution's output; on the CPU's fast path (:func:`fast_weight`) in float32, one fused oneDNN call.
+
+    Args:
+        conv: a :class:`Conv2d`, :class:`FrameConv` or Conv3d with a temporal kernel of 1.
+        x: (N, C_in, H, W); a Conv3d's frames batched into N.
+
+    Returns:
+        (N, C_out, H', W').
+    """
+    weight = fast_weight(conv, x)
+    if _fusable(x, weight):
+        attr, scalars = ('relu', []) if negative_slope == 0 else ('leaky_relu', [negative_slope])
+        padding, stride, dilation = _geometry(conv)
+        return torch.ops.mkldnn._convolution_pointwise(x, weight, conv.bias, padding, stride, dilation, conv.groups,
+                                                       attr, scalars, '')
+    y = conv(x) if isinstance(conv, nn.Conv2d) else frame_conv(x, conv)
+    return F.relu(y, inplace=True) if negative_slope == 0 else F.leaky_relu(y, negative_slope, inplace=True)
+
+
+def conv_add_(conv: nn.Conv2d | nn.Conv3d, x: Tensor, residual: Tensor) -> Tensor:
+    """``residual + conv(x)``; where no gradient is recorded, written into ``residual`` (which must be the caller's
+    own: it is overwritten), on the CPU's fast path in float32 as one fused oneDNN call (the sum as a post-op).
+    With gradients, a new tensor in ``residual``'s layout.
+
+    Args:
+        conv: as :func:`conv_act`.
+        x: (N, C_in, H, W).
+        residual: (N, C_out, H', W').
+
+    Returns:
+        (N, C_out, H', W'): ``residual`` itself where no gradient is recorded (see :func:`add_into`).
+    """
+    weight = fast_weight(conv, x)
+    if (_fusable(x, weight) and residual.dtype == torch.float32
+            and residual.is_contiguous(memory_format=torch.channels_last)):
+        padding, stride, dilation = _geometry(conv)
+        return torch.ops.mkldnn._convolution_pointwise_.binary(residual, x, weight, conv.bias, padding, stride,
+                                                               dilation, conv.groups, 'add', None, None, [], None)
+    y = conv(x) if isinstance(conv, nn.Conv2d) else frame_conv(x, conv)
+    return add_into(residual, y)
+
+
+def add_into(a: Tensor, b: Tensor) -> Tensor:
+    """``a + b`` (in ``a``'s layout), written into ``a`` (the caller's own) where no gradient is recorded and the sum
+    keeps ``a``'s dtype and shape; the same bits either way."""
+    if eager_no_grad() and torch.promote_types(a.dtype, b.dtype) == a.dtype and a.shape == b.shape:
+        return a.add_(b)
+    return a + b
+
+
+class Conv2d(nn.Conv2d):
+    """``nn.Conv2d`` (same parameters and state-dict names) on the CPU's fast path where no gradient is recorded:
+    channels-last inputs run on a cached channels-last copy of the weight (:func:`fast_weight`). Training uses the
+    parameter directly, so gradients are untouched."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (N, C_in, H, W) -> (N, C_out, H', W')."""
+        weight = fast_weight(self, x)
+        return super().forward(x) if weight is None else self._conv_forward(x, weight, self.bias)
 
 
 class FrameConv(nn.Conv3d):
@@ -23,7 +159,7 @@ class FrameConv(nn.Conv3d):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B * D, C_in, H, W) -> (B * D, C_out, H, W)."""
-        return F.conv2d(x, self.weight.squeeze(2), self.bias, padding=1)
+        return frame_conv(x, self)
 
 
 def frame_conv(x: Tensor, conv: nn.Conv3d) -> Tensor:
@@ -36,8 +172,11 @@ def frame_conv(x: Tensor, conv: nn.Conv3d) -> Tensor:
     Returns:
         (B * T, C_out, H', W').
     """
-    return F.conv2d(x, conv.weight.squeeze(2), conv.bias, stride=conv.stride[1:], padding=conv.padding[1:],
-                    groups=conv.groups)
+    weight = fast_weight(conv, x)
+    if weight is None:
+        weight = conv.weight.squeeze(2)
+    return F.conv2d(x, weight, conv.bias, stride=conv.stride[1:], padding=conv.padding[1:],
+                    dilation=conv.dilation[1:], groups=conv.groups)
 
 
 class Upsample(nn.Module):

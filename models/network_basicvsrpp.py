@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.basicvsrpp_keymap import from_mmagic
+from models.layers_conv import Conv2d, add_into, cat_layout, conv_act, conv_add_, conv_layout, eager_no_grad
 from models.layers_deform_conv import modulated_deform_conv3x3
 from models.layers_warp import autocast_off, flow_warp
 from models.net_io import NetIO
@@ -44,59 +45,6 @@ logger = logging.getLogger(__name__)
 BRANCHES = ('backward_1', 'forward_1', 'backward_2', 'forward_2')
 DEFORM_GROUPS = 16  # fixed in the reference
 HEAD_PIXELS = 64 * 64 * 16  # LQ pixels per chunk of feature extraction / reconstruction (16 frames of 64x64)
-
-
-def conv_layout(x: Tensor) -> Tensor:
-    """``x`` (N, C, H, W) in the memory layout its convolutions run fastest on: channels-last on the CPU (oneDNN
-    reorders NCHW inputs on every call; its convolutions run 1.1-2x faster, forward and backward, on channels-last,
-    benchmarks/RESULTS.md "BasicVSR++ and RVRT against their references"), as it is elsewhere and for float64 (no
-    oneDNN kernel). Convolutions keep the layout of their input, so only concatenations need it set again."""
-    if x.device.type == 'cpu' and x.dtype != torch.float64:
-        return x.contiguous(memory_format=torch.channels_last)
-    return x
-
-
-def eager_no_grad() -> bool:
-    """True where no gradient is recorded and no tracer or compiler is looking (``out=`` writes, in-place steps and
-    cached tensors are then safe; a traced graph, e.g. the ONNX export's, keeps the plain ops)."""
-    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling()
-                or torch.compiler.is_exporting())
-
-
-def cat_layout(tensors: list[Tensor], dim: int = 1) -> Tensor:
-    """``conv_layout(torch.cat(tensors, dim))`` in one pass where no gradient is recorded: on the CPU the pieces are
-    copied straight into a channels-last tensor (``cat`` of mixed layouts, then the reorder, copies twice). Autograd
-    does not record ``cat(..., out=)``, so with gradients the two steps stay."""
-    first = tensors[0]
-    if not eager_no_grad() or first.device.type != 'cpu' or first.dtype == torch.float64 or first.dim() != 4:
-        return conv_layout(torch.cat(tensors, dim))
-    shape = list(first.shape)
-    shape[dim] = sum(t.shape[dim] for t in tensors)
-    out = torch.empty(shape, dtype=first.dtype, device=first.device, memory_format=torch.channels_last)
-    return torch.cat(tensors, dim, out=out)
-
-
-class Conv2d(nn.Conv2d):
-    """``nn.Conv2d`` (same parameters and state-dict names) that, where no gradient is recorded, keeps a
-    channels-last copy of its weight for channels-last CPU inputs: oneDNN otherwise reorders the weight on every
-    call (about 2% of BasicVSR++'s CPU forward). The copy is refreshed when the weight changes (its version counter,
-    storage or dtype); the parameter itself stays contiguous (state dicts, safetensors). Training uses the parameter
-    directly, so gradients are untouched. A write through ``weight.data`` bypasses the version counter: the
-    optimizer, the EMA update and ``load_state_dict`` write the parameter itself; code of one's own that edits
-    ``.data`` after an inference call must drop the copy (``conv.__dict__.pop('_weight_cl', None)``)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (N, C_in, H, W) -> (N, C_out, H', W')."""
-        w = self.weight
-        if (not eager_no_grad() or x.device.type != 'cpu' or x.dtype != w.dtype or w.dtype == torch.float64
-                or not x.is_contiguous(memory_format=torch.channels_last)):
-            return super().forward(x)
-        key = (w._version, w.data_ptr(), w.dtype)
-        cached = self.__dict__.get('_weight_cl')
-        if cached is None or cached[0] != key:
-            cached = (key, w.detach().contiguous(memory_format=torch.channels_last))
-            self.__dict__['_weight_cl'] = cached
-        return self._conv_forward(x, cached[1], self.bias)
 
 
 class ResidualBlockNoBN(nn.Module):
@@ -137,7 +85,11 @@ class ConvResidualBlocks(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (N, C_in, H, W) -> (N, C_out, H, W), in :func:`conv_layout`."""
-        return self.main(conv_layout(x))
+        first, _, blocks = self.main
+        x = conv_act(first, conv_layout(x), 0.1)
+        for block in blocks:  # x + conv2(relu(conv1(x))), into x (this module's own) where no gradient is recorded
+            x = conv_add_(block.conv2, conv_act(block.conv1, x), x)
+        return x
 
 
 class SecondOrderDeformableAlignment(nn.Module):
@@ -186,7 +138,10 @@ class SecondOrderDeformableAlignment(nn.Module):
         """
         pieces = list(extra_feat) if isinstance(extra_feat, (list, tuple)) else [extra_feat]
         dtype = pieces[0].dtype
-        out = self.conv_offset(cat_layout(pieces + [flow_1.to(dtype), flow_2.to(dtype)]))
+        out = cat_layout(pieces + [flow_1.to(dtype), flow_2.to(dtype)])
+        for conv in self.conv_offset[:-1:2]:
+            out = conv_act(conv, out, 0.1)
+        out = self.conv_offset[-1](out)
         third = out.shape[1] // 3  # offsets (dy, dx) of the two halves, then the mask logits
         # offsets, masks and the convolution in fp32 even under autocast: residue (up to 10 px) plus the flow needs
         # sub-pixel precision that bf16 does not have
@@ -371,7 +326,7 @@ class BasicVSRPlusPlus(nn.Module):
             inputs = [feat_current] + [feats[k][idx].to(device) for k in earlier] + [feat_prop]
             dtype = torch.promote_types(feat_current.dtype, feat_prop.dtype)
             # the residual first: the sum takes its layout (channels-last, see conv_layout), not feat_prop's
-            feat_prop = self.backbone[name](cat_layout([f.to(dtype) for f in inputs])) + feat_prop
+            feat_prop = add_into(self.backbone[name](cat_layout([f.to(dtype) for f in inputs])), feat_prop)
             outputs.append(feat_prop if store == device else feat_prop.to(store))
         return outputs[::-1] if backward else outputs
 
@@ -381,9 +336,9 @@ class BasicVSRPlusPlus(nn.Module):
         x = self.reconstruction(feats)
         # LeakyReLU in place on each convolution's output (which its backward does not keep), before the pixel
         # shuffle (a permutation: the same values as after it); one large activation less each
-        x = self.pixel_shuffle(F.leaky_relu(self.upconv1(x), 0.1, inplace=True))
-        x = self.pixel_shuffle(F.leaky_relu(self.upconv2(x), 0.1, inplace=True))
-        x = self.conv_last(F.leaky_relu(self.conv_hr(x), 0.1, inplace=True))
+        x = self.pixel_shuffle(conv_act(self.upconv1, x, 0.1))
+        x = self.pixel_shuffle(conv_act(self.upconv2, x, 0.1))
+        x = self.conv_last(conv_act(self.conv_hr, x, 0.1))
         skip = self.img_upsample(lqs) if self.is_low_res_input else lqs
         return skip.to(x.dtype) + x  # the skip first: the sum takes its (contiguous) layout
 
@@ -431,14 +386,13 @@ class BasicVSRPlusPlus(nn.Module):
         for s, e in chunks:
             if not eager_no_grad() or device.type != 'cpu' or cache:
                 hr = torch.cat([torch.stack([feats[k][i] for i in range(s, e)], 1).to(device) for k in feats], dim=2)
-                hr = hr.flatten(0, 1)
-            else:  # each frame's features copied once, into the head's channels-last input
-                first = feats['spatial'][s]
-                hr = torch.empty((n * (e - s), len(feats) * first.shape[1], *first.shape[2:]), dtype=first.dtype,
-                                 device=first.device, memory_format=torch.channels_last)
-                frames_of = hr.view(n, e - s, *hr.shape[1:])
-                for j, i in enumerate(range(s, e)):
-                    torch.cat([feats[k][i] for k in feats], 1, out=frames_of[:, j])
-            out = self._head(hr, lqs[:, s:e].flatten(0, 1))
-            outputs.append(out.view(n, e - s, *out.shape[1:]).to(store))
+                out = self._head(hr.flatten(0, 1), lqs[:, s:e].flatten(0, 1))
+                out = out.view(n, e - s, *out.shape[1:])
+            else:
+                # one frame at a time, its features copied once into the head's channels-last input: the head's
+                # activations (64 channels at 4x) then stay small enough for the allocator to reuse freed memory
+                # instead of faulting in fresh pages on each call (the head 1.15x faster, same bits)
+                out = torch.stack([self._head(cat_layout([feats[k][i] for k in feats]), lqs[:, i])
+                                   for i in range(s, e)], 1)
+            outputs.append(out.to(store))
         return torch.cat(outputs, dim=1).to(device)

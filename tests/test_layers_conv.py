@@ -1,0 +1,94 @@
+"""The CPU fast path of models/layers_conv.py: where no gradient is recorded, oneDNN's fused convolution + activation
+and convolution + residual sum give the separate ops' bits (and are really taken), and training, autocast, float64
+and tracers keep the plain ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from models.layers_conv import Conv2d, FrameConv, conv_act, conv_add_, frame_conv
+
+FUSED = {'mkldnn::_convolution_pointwise', 'mkldnn::_convolution_pointwise_'}
+
+
+class _Ops(TorchDispatchMode):
+    """Names of the operators that reach the dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket._qualified_op_name)
+        return func(*args, **(kwargs or {}))
+
+
+class _Act(nn.Module):
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return conv_act(self.conv, x, 0.1)
+
+
+def _convs() -> dict[str, nn.Module]:
+    """A stride-2 dilated Conv2d, a VRT FrameConv and a plain Conv3d with a (1, 3, 3) kernel (RVRT's), seeded."""
+    torch.manual_seed(0)
+    return {'conv2d': Conv2d(6, 8, 3, stride=2, padding=2, dilation=2),
+            'frameconv': FrameConv(6, 8),
+            'conv3d': nn.Conv3d(6, 8, (1, 3, 3), padding=(0, 1, 1))}
+
+
+def _plain(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The convolution as ``F.conv2d`` on the parameter itself."""
+    w = conv.weight.squeeze(2) if conv.weight.dim() == 5 else conv.weight
+    return F.conv2d(x, w, conv.bias, stride=conv.stride[-2:], padding=conv.padding[-2:], dilation=conv.dilation[-2:])
+
+
+@pytest.mark.parametrize('kind', ['conv2d', 'frameconv', 'conv3d'])
+def test_fused_steps_give_the_separate_ops_bits_and_follow_weight_changes(kind: str) -> None:
+    conv = _convs()[kind]
+    x = torch.randn(2, 6, 13, 11).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for step in range(2):
+            if step:  # an optimizer step writes the parameter in place: the cached copy must follow
+                conv.weight.mul_(-1.5)
+            plain = _plain(conv, x)
+            residual = torch.randn_like(plain).contiguous(memory_format=torch.channels_last)
+            expected_sum = residual + plain
+            with _Ops() as ops:
+                relu, leaky = conv_act(conv, x), conv_act(conv, x, 0.1)
+                total = conv_add_(conv, x, residual)
+            assert FUSED <= ops.names, ops.names
+            assert torch.equal(relu, F.relu(plain)) and torch.equal(leaky, F.leaky_relu(plain, 0.1))
+            assert torch.equal(total, expected_sum) and total.data_ptr() == residual.data_ptr()
+            assert torch.equal(frame_conv(x, conv) if kind != 'conv2d' else conv(x), plain)
+
+
+def test_training_autocast_float64_and_tracing_keep_the_plain_ops() -> None:
+    conv = _convs()['frameconv']
+    x = torch.randn(2, 6, 9, 7).contiguous(memory_format=torch.channels_last)
+    residual = torch.randn(2, 8, 9, 7)
+    # with gradients: a new tensor, the residual untouched, gradients through both
+    xg, rg = x.clone().requires_grad_(), residual.clone().requires_grad_()
+    with _Ops() as ops:
+        out = conv_add_(conv, xg, rg) + conv_act(conv, xg, 0.1)
+    assert not FUSED & ops.names and torch.equal(rg.detach(), residual)
+    out.sum().backward()
+    assert xg.grad is not None and torch.equal(rg.grad, torch.ones_like(residual))
+    with torch.no_grad():
+        with torch.autocast('cpu', dtype=torch.bfloat16), _Ops() as ops:  # bf16 rounding between the steps, as plain
+            got = conv_act(conv, x, 0.1)
+            want = F.leaky_relu(frame_conv(x, conv), 0.1)
+        assert not FUSED & ops.names and got.dtype == torch.bfloat16 and torch.equal(got, want)
+        conv64 = _convs()['frameconv'].double()
+        with _Ops() as ops:
+            conv_act(conv64, x.double(), 0.1)
+        assert not FUSED & ops.names
+        traced = torch.jit.trace(_Act(conv), x)  # the ONNX exporter's tracer
+    assert 'mkldnn' not in str(traced.graph) and 'leaky_relu' in str(traced.graph)
