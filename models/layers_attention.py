@@ -166,7 +166,9 @@ class WindowAttention(nn.Module):
         """
         b_, n, c = x.shape
         h = self.num_heads
-        qkv = self.qkv_self(x).view(b_, n, 3, h, c // h).permute(2, 0, 3, 1, 4)  # (3, B_, h, N, hd)
+        # unbind, not qkv[i]: its backward stacks the three gradients in one pass (each select's backward
+        # zero-fills a tensor of all three and adds them)
+        q, k, v = self.qkv_self(x).view(b_, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)  # (B_, h, N, hd)
         # index_select, not table[index]: the backward of advanced indexing accumulates with atomic adds on the CPU
         # (a different sum order at each run with several threads); index_select's backward sums in a fixed order
         index = self.relative_position_index[:n, :n].reshape(-1)
@@ -181,19 +183,19 @@ class WindowAttention(nn.Module):
         if in_graph:
             window_mask = None if mask is None else mask[:, None, :n, :n]
             num_windows = num_windows if mask is None else mask.shape[0]
-            out = self._attend_in_graph(qkv[0], qkv[1], qkv[2], bias, window_mask, num_windows)
+            out = self._attend_in_graph(q, k, v, bias, window_mask, num_windows)
         elif grouped:
-            out = self._attend_grouped(qkv[0], qkv[1], qkv[2], bias, mask, n)
+            out = self._attend_grouped(q, k, v, bias, mask, n)
         else:
             if mask is not None:
                 num_windows = mask.shape[0]
                 bias = bias + mask[:, None, :n, :n]
-            out = self._attend(qkv[0], qkv[1], qkv[2], bias, num_windows)  # (B_, h, N, hd)
+            out = self._attend(q, k, v, bias, num_windows)  # (B_, h, N, hd)
         if self.mut_attn:
             half = n // 2
             xm = x + self.position_bias.repeat(1, 2, 1)
-            qkv = self.qkv_mut(xm).view(b_, 2, half, 3, h, c // h).permute(3, 0, 1, 4, 2, 5)  # (3, B_, 2, h, n/2, hd)
-            q, k, v = qkv[0].flip(1), qkv[1], qkv[2]  # frame 2 queries frame 1, frame 1 queries frame 2
+            q, k, v = self.qkv_mut(xm).view(b_, 2, half, 3, h, c // h).permute(3, 0, 1, 4, 2, 5).unbind(0)
+            q = q.flip(1)  # (B_, 2, h, n/2, hd) each: frame 2 queries frame 1, frame 1 queries frame 2
             if grouped:
                 mut = self._attend_grouped(q, k, v, None, mask, half)
             else:

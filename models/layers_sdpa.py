@@ -71,19 +71,25 @@ class _BiasedAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, N, 1) = rowsum(dP * P)
         grad_q, grad_k, grad_v = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous
-        grad_bias = torch.zeros_like(bias)
+        grad_bias = torch.empty_like(bias)  # the first chunk of samples writes it, the others add
         samples, step = _BiasedAttention.chunking(b, heads, n)
         for i0 in range(0, b, samples):
             rows = slice(i0, min(i0 + samples, b))
+            count = rows.stop - i0
             for h0 in range(0, heads, step):
                 hs = slice(h0, min(h0 + step, heads))
                 qh, kh, vh, go = (t[rows, hs].flatten(0, 1) for t in (q, k, v, grad_out))  # (S * h, N, d)
-                scores = bias[0, hs].repeat(rows.stop - i0, 1, 1)  # (S * h, N, N)
+                scores = q.new_empty(qh.shape[0], n, n)  # (S * h, N, N): the bias over S samples (one copy pass,
+                scores.view(count, -1, n, n).copy_(bias[:, hs].expand(count, -1, n, n))  # faster than repeat)
                 probs = scores.baddbmm_(qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
                 del scores  # two chunks alive at most
                 torch.bmm(probs.transpose(-2, -1), go, out=grad_v[rows, hs].flatten(0, 1))
                 grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[rows, hs].flatten(0, 1)).mul_(probs)
-                grad_bias[0, hs] += grad_s.view(rows.stop - i0, -1, n, n).sum(0) if rows.stop - i0 > 1 else grad_s
+                per_sample, target = grad_s.view(count, -1, n, n), grad_bias[0, hs]
+                if i0 == 0:  # what 0 + this chunk's sum gives, without zero-filling grad_bias first
+                    torch.sum(per_sample, 0, out=target) if count > 1 else target.copy_(grad_s)
+                else:
+                    target += per_sample.sum(0) if count > 1 else grad_s
                 torch.baddbmm(grad_q[rows, hs].flatten(0, 1), grad_s, kh, beta=0, alpha=scale,
                               out=grad_q[rows, hs].flatten(0, 1))
                 torch.baddbmm(grad_k[rows, hs].flatten(0, 1), grad_s.transpose(-2, -1), qh, beta=0, alpha=scale,
