@@ -206,7 +206,10 @@ class Upsample(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (B * D, C, H, W) -> (B * D, C, sH, sW)."""
         for i, f in enumerate(self.factors):
-            # in place: the shuffled activation is the head's largest (64 channels at the output resolution), and
-            # neither pixel_shuffle's backward nor leaky_relu's (from its output, slope > 0) needs it kept
-            x = F.leaky_relu_(F.pixel_shuffle(self.get_submodule(str(5 * i))(x), f), 0.1)
+            conv = self.get_submodule(str(5 * i))
+            if eager_no_grad():  # the activation fused into the convolution, before the shuffle (the same values)
+                x = F.pixel_shuffle(conv_act(conv, x, 0.1), f)
+            else:  # in place: the shuffled activation is the head's largest (64 channels at the output resolution),
+                # and neither pixel_shuffle's backward nor leaky_relu's (from its output, slope > 0) needs it kept
+                x = F.leaky_relu_(F.pixel_shuffle(conv(x), f), 0.1)
         return self.get_submodule(str(5 * len(self.factors)))(x)

@@ -32,7 +32,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from models.layers_attention import RTMSA
-from models.layers_conv import Upsample, frame_conv
+from models.layers_conv import Upsample, conv_act, eager_no_grad, frame_conv
 from models.layers_deform_attn import GuidedDeformAttnPack
 from models.layers_warp import flow_warp
 from models.net_io import NetIO
@@ -353,8 +353,13 @@ class RVRT(nn.Module):
         """Reconstruction + upsampling + skip: feats (N, T, 5C, h, w), lqs (N, T, 3, H, W) -> (N, T, 3, 4h, 4w)."""
         n, t = feats.shape[:2]
         x = self.reconstruction(feats).flatten(0, 1)
-        x = F.leaky_relu(frame_conv(x, self.conv_before_upsampler[0]), 0.1)
-        x = frame_conv(self.upsampler(x), self.conv_last)
+        x = conv_act(self.conv_before_upsampler[0], x, 0.1)
+        if eager_no_grad() and x.device.type == 'cpu':
+            # one frame at a time through the upsampler: its activations (64 channels at 4x) stay small enough for
+            # the allocator to reuse freed memory instead of faulting in fresh pages (the same bits)
+            x = torch.cat([frame_conv(self.upsampler(f), self.conv_last) for f in x.split(1)])
+        else:
+            x = frame_conv(self.upsampler(x), self.conv_last)
         skip = lqs.flatten(0, 1)
         if skip.shape[-2:] != x.shape[-2:]:
             skip = F.interpolate(skip, size=x.shape[-2:], mode='bilinear', align_corners=False)
