@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import layers_sdpa, layers_window
-from models.layers_attention import TMSAG, WindowAttention
+from models.layers_attention import TMSAG, MlpGEGLU, WindowAttention
 from models.layers_sdpa import attention, record_attention_calls
 from models.layers_window import compute_mask, compute_shift_mask, window_partition, window_reverse
 from models.model_zoo import TASKS
@@ -337,3 +338,31 @@ def test_meta_rvrt_001_train_step(monkeypatch: pytest.MonkeyPatch) -> None:
         out.square().mean().backward()
     _assert_fused_eligible(calls)
     assert all(p.grad is not None for p in net.parameters())
+
+
+class _OpNames(TorchDispatchMode):
+    """The names of the ops dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_geglu_without_autograd_runs_in_place_with_the_same_bits() -> None:
+    """Without autograd the GEGLU MLP runs its GELU and product in place: the same output bits as the recording path
+    (fp32 and bf16 autocast), and the in-place path is the one taken."""
+    torch.manual_seed(0)
+    mlp = MlpGEGLU(12, 24)
+    x = torch.randn(2, 5, 7, 12)
+    for autocast in (False, True):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            recorded = mlp(x)
+            with torch.no_grad(), _OpNames() as ops:
+                eager = mlp(x)
+        recorded.float().sum().backward()  # the recording path kept what its backward needs
+        assert 'aten.gelu_.default' in ops.names
+        assert torch.equal(eager, recorded.detach())
