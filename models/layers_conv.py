@@ -73,11 +73,14 @@ def fast_weight(conv: nn.Conv2d | nn.Conv3d, x: Tensor) -> Tensor | None:
     return cached[1]
 
 
-def _fusable(x: Tensor, weight: Tensor | None) -> bool:
+def _fusable(conv: nn.Module, x: Tensor, weight: Tensor | None) -> bool:
     """Where oneDNN's fused convolution gives the separate ops' bits: float32 outside autocast (in bf16 the fused
-    activation would see the unrounded sum), with oneDNN on."""
+    activation would see the unrounded sum), with oneDNN on; and where no forward hook waits for the convolution
+    module's call (feature taps, tests), which the fused call would skip."""
     return (weight is not None and x.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
-            and torch.backends.mkldnn.enabled)
+            and torch.backends.mkldnn.enabled and not (conv._forward_hooks or conv._forward_pre_hooks
+                                                       or nn.modules.module._global_forward_hooks
+                                                       or nn.modules.module._global_forward_pre_hooks))
 
 
 def _geometry(conv: nn.Conv2d | nn.Conv3d) -> tuple[list[int], list[int], list[int]]:
@@ -97,7 +100,7 @@ def conv_act(conv: nn.Conv2d | nn.Conv3d, x: Tensor, negative_slope: float = 0.0
         (N, C_out, H', W').
     """
     weight = fast_weight(conv, x)
-    if _fusable(x, weight):
+    if _fusable(conv, x, weight):
         attr, scalars = ('relu', []) if negative_slope == 0 else ('leaky_relu', [negative_slope])
         padding, stride, dilation = _geometry(conv)
         return torch.ops.mkldnn._convolution_pointwise(x, weight, conv.bias, padding, stride, dilation, conv.groups,
@@ -120,7 +123,7 @@ def conv_add_(conv: nn.Conv2d | nn.Conv3d, x: Tensor, residual: Tensor) -> Tenso
         (N, C_out, H', W'): ``residual`` itself where no gradient is recorded (see :func:`add_into`).
     """
     weight = fast_weight(conv, x)
-    if (_fusable(x, weight) and residual.dtype == torch.float32
+    if (_fusable(conv, x, weight) and residual.dtype == torch.float32
             and residual.is_contiguous(memory_format=torch.channels_last)):
         padding, stride, dilation = _geometry(conv)
         return torch.ops.mkldnn._convolution_pointwise_.binary(residual, x, weight, conv.bias, padding, stride,

@@ -1,6 +1,6 @@
 """The CPU fast path of models/layers_conv.py: where no gradient is recorded, oneDNN's fused convolution + activation
-and convolution + residual sum give the separate ops' bits (and are really taken), and training, autocast, float64
-and tracers keep the plain ops."""
+and convolution + residual sum give the separate ops' bits (and are really taken), and training, autocast, float64,
+tracers and forward hooks keep the plain ops."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_fused_steps_give_the_separate_ops_bits_and_follow_weight_changes(kind: 
             assert torch.equal(frame_conv(x, conv) if kind != 'conv2d' else conv(x), plain)
 
 
-def test_training_autocast_float64_and_tracing_keep_the_plain_ops() -> None:
+def test_training_autocast_float64_tracing_and_hooks_keep_the_plain_ops() -> None:
     conv = _convs()['frameconv']
     x = torch.randn(2, 6, 9, 7).contiguous(memory_format=torch.channels_last)
     residual = torch.randn(2, 8, 9, 7)
@@ -91,4 +91,10 @@ def test_training_autocast_float64_and_tracing_keep_the_plain_ops() -> None:
             conv_act(conv64, x.double(), 0.1)
         assert not FUSED & ops.names
         traced = torch.jit.trace(_Act(conv), x)  # the ONNX exporter's tracer
+        seen = []  # a forward hook on the convolution (a feature tap) still sees its call
+        conv2d = _convs()['conv2d']
+        conv2d.register_forward_hook(lambda m, args, out: seen.append(out))
+        with _Ops() as ops:
+            got = conv_act(conv2d, x, 0.1)
+        assert not FUSED & ops.names and len(seen) == 1 and torch.equal(got, seen[0])
     assert 'mkldnn' not in str(traced.graph) and 'leaky_relu' in str(traced.graph)
