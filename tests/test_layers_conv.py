@@ -70,6 +70,8 @@ def test_fused_steps_give_the_separate_ops_bits_and_follow_weight_changes(kind: 
             assert torch.equal(frame_conv(x, conv) if kind != 'conv2d' else conv(x), plain)
 
 
+# the ONNX exporter still traces with torch.jit.trace, which torch now marks deprecated
+@pytest.mark.filterwarnings('ignore:`torch.jit.trace:FutureWarning')
 def test_training_autocast_float64_tracing_and_hooks_keep_the_plain_ops() -> None:
     conv = _convs()['frameconv']
     x = torch.randn(2, 6, 9, 7).contiguous(memory_format=torch.channels_last)
