@@ -88,6 +88,12 @@ def _geometry(conv: nn.Conv2d | nn.Conv3d) -> tuple[list[int], list[int], list[i
     return tuple(list(v[-2:]) for v in (conv.padding, conv.stride, conv.dilation))  # type: ignore[return-value]
 
 
+def _unfused(conv: nn.Conv2d | nn.Conv3d, x: Tensor) -> Tensor:
+    """The convolution alone, where the fused call is not taken: the module's own call for a Conv2d (its hooks see
+    it), :func:`frame_conv` for a Conv3d."""
+    return conv(x) if isinstance(conv, nn.Conv2d) else frame_conv(x, conv)
+
+
 def conv_act(conv: nn.Conv2d | nn.Conv3d, x: Tensor, negative_slope: float = 0.0) -> Tensor:
     """``leaky_relu(conv(x), negative_slope)`` (``relu`` for a slope of 0), the activation written in place on the
     convolution's output; on the CPU's fast path (:func:`fast_weight`) in float32, one fused oneDNN call.
@@ -105,7 +111,7 @@ def conv_act(conv: nn.Conv2d | nn.Conv3d, x: Tensor, negative_slope: float = 0.0
         padding, stride, dilation = _geometry(conv)
         return torch.ops.mkldnn._convolution_pointwise(x, weight, conv.bias, padding, stride, dilation, conv.groups,
                                                        attr, scalars, '')
-    y = conv(x) if isinstance(conv, nn.Conv2d) else frame_conv(x, conv)
+    y = _unfused(conv, x)
     return F.relu(y, inplace=True) if negative_slope == 0 else F.leaky_relu(y, negative_slope, inplace=True)
 
 
@@ -128,8 +134,7 @@ def conv_add_(conv: nn.Conv2d | nn.Conv3d, x: Tensor, residual: Tensor) -> Tenso
         padding, stride, dilation = _geometry(conv)
         return torch.ops.mkldnn._convolution_pointwise_.binary(residual, x, weight, conv.bias, padding, stride,
                                                                dilation, conv.groups, 'add', None, None, [], None)
-    y = conv(x) if isinstance(conv, nn.Conv2d) else frame_conv(x, conv)
-    return add_into(residual, y)
+    return add_into(residual, _unfused(conv, x))
 
 
 def add_into(a: Tensor, b: Tensor) -> Tensor:

@@ -319,8 +319,7 @@ class BasicVSRPlusPlus(nn.Module):
                 else:
                     feat_n2, flow_n2, cond_n2 = (torch.zeros_like(v) for v in (feat_prop, flow_n1, cond_n1))
                 prev_flow = flow_n1
-                cond = [cond_n1, feat_current, cond_n2.to(cond_n1.dtype)]
-                cond = cond if eager_no_grad() else torch.cat(cond, dim=1)  # one cat with the flows
+                cond = [cond_n1, feat_current, cond_n2.to(cond_n1.dtype)]  # concatenated with the flows in one copy
                 feat_prop = torch.cat([feat_prop, feat_n2.to(feat_prop.dtype)], dim=1)
                 feat_prop = self.deform_align[name](feat_prop, cond, flow_n1, flow_n2)
             inputs = [feat_current] + [feats[k][idx].to(device) for k in earlier] + [feat_prop]
