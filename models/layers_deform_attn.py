@@ -89,9 +89,11 @@ def _attend_frames(
     kj = torch.arange(kw, device=dev, dtype=dt) * dilation[1]
     base_y = (ki.view(kh, 1, 1, 1) + ys.view(1, 1, h, 1)).expand(kh, kw, h, w).reshape(kk, hw)
     base_x = (kj.view(1, kw, 1, 1) + xs.view(1, 1, 1, w)).expand(kh, kw, h, w).reshape(kk, hw)
-    off = offset.reshape(b, s, g, kk, 2, hw)
-    pos_y = off[:, :, :, :, 0] + base_y  # (B, S, G, kk, HW)
-    pos_x = off[:, :, :, :, 1] + base_x
+    # unbind, not two selects: in backward each select would write its gradient into a zero-filled tensor of the
+    # whole input and the two be summed; unbind's backward stacks the two once
+    off_y, off_x = offset.reshape(b, s, g, kk, 2, hw).unbind(4)
+    pos_y = off_y + base_y  # (B, S, G, kk, HW)
+    pos_x = off_x + base_x
     # in place on the new tensors (none of these ops keeps its output for backward): the same bits
     grid = torch.stack((pos_x.mul_(2).add_(1).div_(w).sub_(1), pos_y.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
     cols = grid_sample(
@@ -102,15 +104,63 @@ def _attend_frames(
         align_corners=False,
     )  # (B*S*G, 2C/G, kk, HW)
     cols = cols.view(b, s, 2, heads, hd, kk, hw)
-    keys, values = cols[:, :, 0], cols[:, :, 1]  # (B, S, heads, hd, kk, HW)
-    # products and sums over the small axes (head_dim, then frames x kernel points) in the sampled layout, pixels
-    # innermost: a batched matrix product (einsum) would first copy the samples into a pixel-major layout, which cost
-    # more than the products (1.3-1.4x slower forward and backward, benchmarks/RESULTS.md)
     qh = q.reshape(b, 1, heads, hd, 1, hw) * hd**-0.5
-    logits = (keys * qh).sum(3)  # (B, S, heads, kk, HW)
-    attn = logits.transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(dim=2).view(b, heads, s, kk, hw)
-    out = (values * attn.transpose(1, 2).unsqueeze(3)).sum((1, 4))  # (B, heads, hd, HW)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        out = _AttendSampled.apply(cols, qh)
+    else:
+        out = _attend_sampled(cols, qh)[0]
     return out.reshape(b, heads * hd, h, w)
+
+
+def _attend_sampled(cols: Tensor, qh: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax attention of each pixel's query over its sampled keys, applied to its sampled values.
+
+    Products and sums over the small axes (head_dim, then frames x kernel points) in the sampled layout, pixels
+    innermost: a batched matrix product (einsum) would first copy the samples into a pixel-major layout, which cost
+    more than the products (1.3-1.4x slower forward and backward, benchmarks/RESULTS.md).
+
+    Args:
+        cols: (B, S, 2, heads, hd, kk, HW) sampled keys ([:, :, 0]) and values ([:, :, 1]).
+        qh: (B, 1, heads, hd, 1, HW) scaled queries.
+
+    Returns:
+        ``(out, attn)``: (B, heads, hd, HW) and the (B, heads, S * kk, HW) attention weights.
+    """
+    b, s, _, heads, hd, kk, hw = cols.shape
+    keys, values = cols[:, :, 0], cols[:, :, 1]  # (B, S, heads, hd, kk, HW)
+    logits = (keys * qh).sum(3)  # (B, S, heads, kk, HW)
+    attn = logits.transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(dim=2)
+    out = (values * attn.view(b, heads, s, kk, hw).transpose(1, 2).unsqueeze(3)).sum((1, 4))  # (B, heads, hd, HW)
+    return out, attn
+
+
+class _AttendSampled(torch.autograd.Function):
+    """:func:`_attend_sampled` with its backward written out: the gradients of the keys and the values are written
+    into one tensor of ``cols``' shape. Autograd of the two slices would give each a zero-filled tensor of that
+    shape and then sum the two (three passes over the largest tensor of the step). Every gradient is the same
+    product or sum as autograd's, so the same bits."""
+
+    @staticmethod
+    def forward(ctx, cols: Tensor, qh: Tensor) -> Tensor:
+        out, attn = _attend_sampled(cols, qh)
+        ctx.save_for_backward(cols, qh, attn)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor]:
+        cols, qh, attn = ctx.saved_tensors
+        b, s, _, heads, hd, kk, hw = cols.shape
+        keys, values = cols[:, :, 0], cols[:, :, 1]
+        grad = grad_out.view(b, 1, heads, hd, 1, hw)
+        attn_b = attn.view(b, heads, s, kk, hw).transpose(1, 2).unsqueeze(3)  # (B, S, heads, 1, kk, HW)
+        grad_cols = torch.empty_like(cols)
+        torch.mul(grad, attn_b, out=grad_cols[:, :, 1])
+        grad_attn = (grad * values).sum(3).transpose(1, 2).reshape(b, heads, s * kk, hw)
+        grad_logits = torch._softmax_backward_data(grad_attn, attn, 2, attn.dtype)
+        grad_logits = grad_logits.view(b, heads, s, kk, hw).transpose(1, 2).unsqueeze(3)  # (B, S, heads, 1, kk, HW)
+        torch.mul(grad_logits, qh, out=grad_cols[:, :, 0])
+        return grad_cols, (grad_logits * keys).sum((1, 4), keepdim=True)
 
 
 def _work_dtype(t: Tensor) -> torch.dtype:

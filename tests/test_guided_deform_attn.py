@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from models.layers_deform_attn import DeformAttnPack, GuidedDeformAttnPack, deform_attn
+from models.layers_deform_attn import (
+    DeformAttnPack,
+    GuidedDeformAttnPack,
+    _attend_sampled,
+    _AttendSampled,
+    deform_attn,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,6 +139,22 @@ def test_recompute_gives_same_gradients():
         grads.append([t.grad for t in leaves])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+def test_written_out_backward_gives_autograds_bits():
+    """The attention over the sampled keys/values has its backward written out (one gradient tensor for both):
+    the same bits as autograd of the forward's ops, for both inputs, with heads, frames and kernel points > 1."""
+    gen = torch.Generator().manual_seed(3)
+    cols = torch.randn(2, 2, 2, 3, 4, 9, 20, generator=gen)  # (B, S, keys/values, heads, hd, kk, HW)
+    qh = torch.randn(2, 1, 3, 4, 1, 20, generator=gen)
+    grad_out = torch.randn(2, 3, 4, 20, generator=gen)
+    results = []
+    for fn in (lambda c, q: _attend_sampled(c, q)[0], _AttendSampled.apply):
+        leaves = [cols.clone().requires_grad_(True), qh.clone().requires_grad_(True)]
+        out = fn(*leaves)
+        results.append([out, *torch.autograd.grad(out, leaves, grad_out)])
+    for plain, written in zip(*results):
+        assert torch.equal(plain, written)
 
 
 def test_autocast_bf16_cpu():
