@@ -23,9 +23,10 @@ with positions normalised as ``(2 * p + 1) / size - 1``, which is exactly the pi
 CUDA kernel (also for a size of 1); it runs through :func:`models.layers_warp.grid_sample`, whose backward is
 deterministic under :func:`models.layers_warp.deterministic_kernels`.
 
-Memory: the sampled keys/values are ``clip_size * kh * kw`` times the size of ``kv``. When autograd needs them,
-the operator is recomputed in backward (non-reentrant activation checkpointing, the CUDA op's strategy too), so
-only ``q``, ``kv`` and ``offset`` are stored.
+Memory: the sampled keys/values are ``clip_size * kh * kw`` times the size of ``kv``. When autograd needs them and
+they exceed :data:`RECOMPUTE_ABOVE_BYTES`, the operator is recomputed in backward (non-reentrant activation
+checkpointing, the CUDA op's strategy too), so only ``q``, ``kv`` and ``offset`` are stored; smaller ones (small
+networks and crops: the demo, the tests) are kept, which saves the second sampling (the same gradients).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ from models.layers_warp import autocast_off, grid_sample
 logger = logging.getLogger(__name__)
 
 _COMPILED: dict[str, object] = {}
+
+# Sampled keys/values of one call above which the default (``recompute=None``) recomputes them in backward rather
+# than keeping them: RVRT tiny at 64 x 64 samples 54 MiB a call, and keeping them made its CPU train step 1.07x
+# faster (benchmarks/RESULTS.md, "conv-speed, session 5"); the released sizes sample 170 MiB and more a call.
+RECOMPUTE_ABOVE_BYTES = 64 * 2**20
 
 
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
@@ -180,7 +186,10 @@ def _run(q: Tensor, kv_frames: Tensor, offset: Tensor, params: tuple, recompute:
     with autocast_off(q.device):
         args = (q.to(work), kv_frames.to(work), offset.to(work), *params)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in args[:3])
-        if needs_grad and (recompute is None or recompute):
+        if recompute is None:  # by the bytes of the sampled keys/values, kh * kw samples of each kv frame
+            kh, kw = params[0]
+            recompute = kv_frames.numel() * kh * kw * args[1].element_size() > RECOMPUTE_ABOVE_BYTES
+        if needs_grad and recompute:
             out = checkpoint(fn, *args, use_reentrant=False)
         else:
             out = fn(*args)
@@ -219,8 +228,8 @@ def deform_attn(
         attention_heads: heads; C must be divisible by it.
         deformable_groups: offset groups over the 2C kv channels; 2C must be divisible by it.
         clip_size: kv frames per clip.
-        recompute: recompute the sampling in backward instead of storing it (default: whenever autograd
-            needs it).
+        recompute: recompute the sampling in backward instead of storing it (default: where the sampled keys
+            and values exceed :data:`RECOMPUTE_ABOVE_BYTES`).
         compile: run the core through ``torch.compile`` (a speed option; same results up to rounding).
 
     Returns:

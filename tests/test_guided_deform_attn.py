@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from models import layers_deform_attn
 from models.layers_deform_attn import (
     DeformAttnPack,
     GuidedDeformAttnPack,
@@ -155,6 +156,25 @@ def test_written_out_backward_gives_autograds_bits():
         results.append([out, *torch.autograd.grad(out, leaves, grad_out)])
     for plain, written in zip(*results):
         assert torch.equal(plain, written)
+
+
+def test_default_keeps_small_samples_and_recomputes_large_ones(monkeypatch):
+    """``recompute=None`` keeps the sampled keys/values for backward while they fit RECOMPUTE_ABOVE_BYTES and
+    recomputes them above it; the gradients are the same bits either way."""
+    q, kv, offset = _inputs(c=4, dtype=torch.float32)
+    columns = 2 * kv.numel() * 9  # each of the 2 query frames samples both kv frames at 3 x 3 points
+    largest, grads = [], []
+    for budget in (2**40, 0):
+        monkeypatch.setattr(layers_deform_attn, 'RECOMPUTE_ABOVE_BYTES', budget)
+        leaves = [t.clone().requires_grad_(True) for t in (q, kv, offset)]
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            out = deform_attn(*leaves, 3, 3, 1, 1, 1, 2, 2, 2)
+        largest.append(max(saved))
+        grads.append(torch.autograd.grad(out.square().sum(), leaves))
+    assert largest[0] == columns > largest[1]
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 def test_autocast_bf16_cpu():
