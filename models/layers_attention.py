@@ -27,6 +27,8 @@ from models.layers_window import (
     compute_mask,
     compute_shift_mask,
     get_window_size,
+    grouped_window_partition,
+    grouped_window_reverse,
     relative_position_index,
     shifted_window_partition,
     shifted_window_reverse,
@@ -145,23 +147,33 @@ class WindowAttention(nn.Module):
                         n: int) -> Tensor:
         """:meth:`_attend` with a :class:`ShiftMask`: the windows whose mask is all zeros attend with ``bias`` alone,
         broadcast over them; the others with ``bias`` plus their own mask. q, k, v: (B * nW, ..., h, n, hd);
-        bias: (1, h, n, n) or None. Returns (B * nW, ..., h, n, hd), windows in their original order."""
+        bias: (1, h, n, n) or None. Windows in the mask's order: :func:`window_partition`'s, or its groups
+        (``mask.grouped``). Returns (B * nW, ..., h, n, hd), windows in the order they came."""
         num_windows = mask.num_windows
         rest = q.shape[1:]
         b = q.shape[0] // num_windows
+        groups = ((mask.unmasked, None), (mask.masked, mask.masks))
+
+        def attend(q_g: Tensor, k_g: Tensor, v_g: Tensor, window_mask: Tensor | None, count: int) -> Tensor:
+            if window_mask is None:
+                return self._attend(q_g, k_g, v_g, bias, 1)
+            window_mask = window_mask[:, :n, :n].view(count, *[1] * (len(rest) - 2), n, n)
+            return self._attend(q_g, k_g, v_g, window_mask if bias is None else bias + window_mask, count)
+
+        if mask.grouped:  # the groups are slices: views forward, one concatenation backward (no gather, no scatter)
+            sizes = [b * index.numel() for index, _ in groups]
+            parts = [attend(q_g, k_g, v_g, window_mask, index.numel())
+                     for q_g, k_g, v_g, (index, window_mask) in zip(*(t.split(sizes) for t in (q, k, v)), groups)
+                     if index.numel()]
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
         q, k, v = (t.view(b, num_windows, *rest) for t in (q, k, v))
         out = q.new_empty(b, num_windows, *rest)
-        for index, window_mask in ((mask.unmasked, None), (mask.masked, mask.masks)):
+        for index, window_mask in groups:
             count = index.numel()
             if count == 0:
                 continue
             q_g, k_g, v_g = (t.index_select(1, index).flatten(0, 1) for t in (q, k, v))
-            if window_mask is None:
-                part = self._attend(q_g, k_g, v_g, bias, 1)
-            else:
-                window_mask = window_mask[:, :n, :n].view(count, *[1] * (len(rest) - 2), n, n)
-                part = self._attend(q_g, k_g, v_g, window_mask if bias is None else bias + window_mask, count)
-            out.index_copy_(1, index, part.view(b, count, *rest))
+            out.index_copy_(1, index, attend(q_g, k_g, v_g, window_mask, count).view(b, count, *rest))
         return out.flatten(0, 1)
 
     def forward(self, x: Tensor, mask: Tensor | ShiftMask | None = None) -> Tensor:
@@ -278,7 +290,12 @@ class TMSA(nn.Module):
             x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h, 0, pad_d))
         dp, hp, wp = d + pad_d, h + pad_h, w + pad_w
         shifted = any(s > 0 for s in shift)
-        if shifted and not torch.onnx.is_in_onnx_export():  # the same values, one gather each way
+        in_graph = torch.onnx.is_in_onnx_export()
+        if shifted and not in_graph and isinstance(mask, ShiftMask):
+            # the same values, one gather each way, with the windows in the mask's groups (then slices)
+            windows = self.attn(grouped_window_partition(x, window, shift), mask=mask.in_groups())
+            x = grouped_window_reverse(windows, window, shift, b, dp, hp, wp)
+        elif shifted and not in_graph:
             windows = self.attn(shifted_window_partition(x, window, shift), mask=mask)
             x = shifted_window_reverse(windows, window, shift, b, dp, hp, wp)
         elif shifted:

@@ -7,6 +7,7 @@ Features are channels-last ``(B, D, H, W, C)``; a window holds ``wd * wh * ww`` 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -144,12 +145,20 @@ class ShiftMask:
         masked: (M,) int64 indices of the windows whose mask is not all zeros.
         unmasked: (num_windows - M,) int64 indices of the others.
         masks: (M, N, N) float32, 0 inside a region and -100 across regions (the dense mask's rows ``masked``).
+        grouped: the windows it goes with come in groups (:func:`grouped_window_partition`): every sample's
+            unmasked windows first, then every sample's masked ones (both in index order, sample-major), so that
+            the groups are slices; False: the windows come in :func:`window_partition` order, sample after sample.
     """
 
     num_windows: int
     masked: Tensor
     unmasked: Tensor
     masks: Tensor
+    grouped: bool = False
+
+    def in_groups(self) -> ShiftMask:
+        """This mask for windows in the grouped order of :func:`grouped_window_partition` (the same tensors)."""
+        return dataclasses.replace(self, grouped=True)
 
     def dense(self) -> Tensor:
         """The dense ``(num_windows, N, N)`` mask of :func:`compute_mask`."""
@@ -266,6 +275,49 @@ def shifted_window_reverse(windows: Tensor, window_size: Size3, shift_size: Size
     """Inverse of :func:`shifted_window_partition`: (B * num_windows, N, C) -> (B, D, H, W, C)."""
     order = window_order(d, h, w, window_size, shift_size, windows.device)
     return _Gather.apply(windows.reshape(b, d * h * w, -1), order[1], order[0]).view(b, d, h, w, -1)
+
+
+def _build_grouped_order(b: int, d: int, h: int, w: int, window_size: Size3, shift_size: Size3,
+                         device: torch.device) -> Tensor:
+    mask = compute_shift_mask(d, h, w, window_size, shift_size, device)
+    per_window = window_order(d, h, w, window_size, shift_size, device)[0].view(mask.num_windows, -1)
+    offsets = torch.arange(b, device=device).view(b, 1, 1) * (d * h * w)
+    groups = (mask.unmasked, mask.masked)
+    order = torch.cat([(per_window.index_select(0, group) + offsets).flatten() for group in groups])
+    inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel(), device=device))
+    return torch.stack((order, inverse))
+
+
+@torch.compiler.disable  # the cache is Python state
+def grouped_window_order(b: int, d: int, h: int, w: int, window_size: Size3, shift_size: Size3,
+                         device: torch.device) -> Tensor:
+    """:func:`window_order` over a batch of ``b`` samples with the windows in :class:`ShiftMask`'s groups (cached).
+
+    Returns:
+        (2, B * D * H * W) int64: row 0 is the flat (b, d, h, w) position of each windowed token, windows ordered
+        every sample's unmasked windows (sample-major), then every sample's masked ones; row 1 is its inverse.
+    """
+    device = torch.device(device)
+    key = ('grouped', b, d, h, w, tuple(window_size), tuple(shift_size), device)
+    return MASK_CACHE.get(key, device, lambda: _build_grouped_order(b, d, h, w, window_size, shift_size, device))
+
+
+def grouped_window_partition(x: Tensor, window_size: Size3, shift_size: Size3) -> Tensor:
+    """:func:`shifted_window_partition` with the windows grouped for :meth:`ShiftMask.in_groups`: one gather.
+
+    x: (B, D, H, W, C) -> (B * num_windows, Wd * Wh * Ww, C): every sample's windows whose shift mask is all zeros,
+    then every sample's others (the same windows as :func:`shifted_window_partition`, in another order)."""
+    b, d, h, w, c = x.shape
+    order = grouped_window_order(b, d, h, w, window_size, shift_size, x.device)
+    n = window_size[0] * window_size[1] * window_size[2]
+    return _Gather.apply(x.reshape(1, b * d * h * w, c), order[0], order[1]).view(-1, n, c)
+
+
+def grouped_window_reverse(windows: Tensor, window_size: Size3, shift_size: Size3, b: int, d: int, h: int,
+                           w: int) -> Tensor:
+    """Inverse of :func:`grouped_window_partition`: (B * num_windows, N, C) -> (B, D, H, W, C)."""
+    order = grouped_window_order(b, d, h, w, window_size, shift_size, windows.device)
+    return _Gather.apply(windows.reshape(1, b * d * h * w, -1), order[1], order[0]).view(b, d, h, w, -1)
 
 
 def relative_position_index(window_size: Size3) -> Tensor:

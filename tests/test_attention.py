@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import layers_sdpa, layers_window
+from models import layers_attention, layers_sdpa, layers_window
 from models.layers_attention import TMSAG, MlpGEGLU, WindowAttention
 from models.layers_sdpa import attention, record_attention_calls
 from models.layers_window import compute_mask, compute_shift_mask, window_partition, window_reverse
@@ -169,6 +169,28 @@ def test_shifted_window_gather_equals_roll_and_partition(fresh_cache) -> None:
         assert torch.equal(e, g), name
 
 
+def test_grouped_windows_equal_the_dense_mask_path(monkeypatch: pytest.MonkeyPatch, fresh_cache) -> None:
+    """Shifted windows gathered in the compact mask's groups (every sample's unmasked windows, then every sample's
+    masked ones: slices) give the dense mask's output, and its gradients up to the order of the sums over tokens;
+    two samples, so that a group mixing them up would show."""
+    torch.manual_seed(0)
+    group = TMSAG(dim=8, depth=2, num_heads=2, window_size=(2, 4, 4), mut_attn=True, qkv_bias=True).train()
+    x = torch.randn(2, 4, 8, 12, 8, generator=torch.Generator().manual_seed(2))
+
+    def run() -> list[Tensor]:
+        group.zero_grad(set_to_none=True)
+        out, grad_x = _grads(group, [x])
+        return [out, grad_x] + [p.grad.clone() for p in group.parameters()]
+
+    grouped = run()
+    keys = {k[0] for k in fresh_cache.keys()}
+    assert {'windows', 'grouped'} <= keys  # the compact mask and the grouped order ran
+    monkeypatch.setattr(layers_attention, 'compute_shift_mask', compute_mask)  # what an ONNX graph takes
+    dense = run()
+    assert torch.equal(grouped[0], dense[0])
+    _assert_close_all(grouped[1:], dense[1:], 1e-6, ['grad x'] + [n for n, _ in group.named_parameters()])
+
+
 def test_spans_are_balanced_and_cover() -> None:
     spans = layers_sdpa._spans(73728, 65535)
     assert [s.stop - s.start for s in spans] == [36864, 36864]
@@ -275,12 +297,14 @@ def test_mask_made_during_inference_serves_training(fresh_cache) -> None:
     x = torch.randn(1, 4, 8, 8, 8)
     with torch.inference_mode():
         expected = group(x)
-    assert sorted(k[0] for k in fresh_cache.keys()) == ['order', 'windows']  # the mask, the shifted-window gather
+    # the mask, the shifted-window gather and its grouped form (the one the blocks take)
+    assert sorted(k[0] for k in fresh_cache.keys()) == ['grouped', 'order', 'windows']
     key = next(k for k in fresh_cache.keys() if k[0] == 'windows')
     cached = compute_shift_mask(*key[1:])
     order = layers_window.window_order(*key[1:])
+    grouped = layers_window.grouped_window_order(1, *key[1:])
     # an inference tensor could not be saved for backward by a later step
-    assert not any(t.is_inference() for t in (cached.masks, cached.masked, cached.unmasked, order))
+    assert not any(t.is_inference() for t in (cached.masks, cached.masked, cached.unmasked, order, grouped))
     out = group(x)
     out.square().mean().backward()
     assert torch.equal(out.detach(), expected)
