@@ -146,35 +146,27 @@ class WindowAttention(nn.Module):
     def _attend_grouped(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: ShiftMask,
                         n: int) -> Tensor:
         """:meth:`_attend` with a :class:`ShiftMask`: the windows whose mask is all zeros attend with ``bias`` alone,
-        broadcast over them; the others with ``bias`` plus their own mask. q, k, v: (B * nW, ..., h, n, hd);
-        bias: (1, h, n, n) or None. Windows in the mask's order: :func:`window_partition`'s, or its groups
-        (``mask.grouped``). Returns (B * nW, ..., h, n, hd), windows in the order they came."""
+        broadcast over them; the windows of each distinct mask with ``bias`` plus that mask, broadcast likewise.
+        q, k, v: (B * nW, ..., h, n, hd), windows in the mask's groups (``mask.grouped``: sample-major within a
+        group); bias: (1, h, n, n) or None. Returns (B * nW, ..., h, n, hd), windows in the order they came."""
         num_windows = mask.num_windows
         rest = q.shape[1:]
         b = q.shape[0] // num_windows
-        groups = ((mask.unmasked, None), (mask.masked, mask.masks))
+        groups = mask.groups()
 
-        def attend(q_g: Tensor, k_g: Tensor, v_g: Tensor, window_mask: Tensor | None, count: int) -> Tensor:
+        def attend(q_g: Tensor, k_g: Tensor, v_g: Tensor, window_mask: Tensor | None) -> Tensor:
+            # one mask for the whole group, broadcast over its windows like the bias (no windows x heads x N x N sum)
             if window_mask is None:
                 return self._attend(q_g, k_g, v_g, bias, 1)
-            window_mask = window_mask[:, :n, :n].view(count, *[1] * (len(rest) - 2), n, n)
-            return self._attend(q_g, k_g, v_g, window_mask if bias is None else bias + window_mask, count)
+            window_mask = window_mask[:n, :n].view(*[1] * (len(rest) - 1), n, n)
+            return self._attend(q_g, k_g, v_g, window_mask if bias is None else bias + window_mask, 1)
 
-        if mask.grouped:  # the groups are slices: views forward, one concatenation backward (no gather, no scatter)
-            sizes = [b * index.numel() for index, _ in groups]
-            parts = [attend(q_g, k_g, v_g, window_mask, index.numel())
-                     for q_g, k_g, v_g, (index, window_mask) in zip(*(t.split(sizes) for t in (q, k, v)), groups)
-                     if index.numel()]
-            return torch.cat(parts) if len(parts) > 1 else parts[0]
-        q, k, v = (t.view(b, num_windows, *rest) for t in (q, k, v))
-        out = q.new_empty(b, num_windows, *rest)
-        for index, window_mask in groups:
-            count = index.numel()
-            if count == 0:
-                continue
-            q_g, k_g, v_g = (t.index_select(1, index).flatten(0, 1) for t in (q, k, v))
-            out.index_copy_(1, index, attend(q_g, k_g, v_g, window_mask, count).view(b, count, *rest))
-        return out.flatten(0, 1)
+        # the groups are slices: views forward, one concatenation backward (no gather, no scatter)
+        sizes = [b * index.numel() for index, _ in groups]
+        parts = [attend(q_g, k_g, v_g, window_mask)
+                 for q_g, k_g, v_g, (index, window_mask) in zip(*(t.split(sizes) for t in (q, k, v)), groups)
+                 if index.numel()]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def forward(self, x: Tensor, mask: Tensor | ShiftMask | None = None) -> Tensor:
         """Attention inside each window.
@@ -182,7 +174,8 @@ class WindowAttention(nn.Module):
         Args:
             x: (B * nW, N, C) window tokens.
             mask: the shift mask: dense (nW, N_full, N_full) 0 / -100 (:func:`compute_mask`), or compact
-                (:func:`compute_shift_mask`, same result, far less memory); None for unshifted windows.
+                (:func:`compute_shift_mask`, same result, far less memory; the windows in its groups where
+                ``mask.grouped``, see :func:`grouped_window_partition`); None for unshifted windows.
 
         Returns:
             (B * nW, N, C).
@@ -200,7 +193,7 @@ class WindowAttention(nn.Module):
         bias = rel_bias.view(n, n, h).permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, h, N, N)
         num_windows = 1
         in_graph = torch.onnx.is_in_onnx_export()  # False under torch.compile (dynamo folds it)
-        if in_graph and isinstance(mask, ShiftMask):
+        if isinstance(mask, ShiftMask) and (in_graph or not mask.grouped):  # windows in window_partition order
             mask = mask.dense()
         grouped = isinstance(mask, ShiftMask)
         if in_graph:

@@ -109,9 +109,10 @@ HEAD_DIM_MULTIPLE = 8
 # path on the CPU.
 PAD_HEAD_DIM_ON_CPU = False
 # The fused CUDA kernels put the batch and the head axis in grid.y/grid.z, limited to 65,535 (pytorch#142228:
-# "invalid configuration argument" or a wrong result beyond it). With the windows folded into the head axis, a
-# 12 x 256 x 256 validation tile reaches 6,144 windows x 2 frames x 6 heads = 73,728 in the shifted mutual
-# attention; the calls are cut into chunks of at most this many along both axes (exact: rows are independent).
+# "invalid configuration argument" or a wrong result beyond it). Windows go along the batch axis (stage 8's
+# per-frame windows of a 12 x 1024 x 1024 tile: 193,548), or, with a dense shift mask, are folded into the head axis
+# (a 12 x 256 x 256 tile: 6,144 windows x 2 frames x 6 heads = 73,728 in the shifted mutual attention); the calls
+# are cut into chunks of at most this many along both axes (exact: rows are independent).
 MAX_FOLDED = 65535
 
 

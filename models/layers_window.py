@@ -135,18 +135,22 @@ class ShiftMask:
     """The shift mask of :func:`compute_mask` kept compact: only the windows on the last slab along a shifted axis
     straddle the cyclic border (their tokens come from different regions); every other window's mask is all zeros.
 
-    Window attention takes this in place of the dense ``(num_windows, N, N)`` mask: the zero-mask windows attend with
-    the relative-position bias alone (broadcast over them), the few others with their own mask. The result equals
-    the dense mask's bit for bit, without the ``num_windows x heads x N x N`` bias that the dense mask needs (about
-    1 GB per shifted block of a 16-frame 180 x 320 clip with the demo's VRT).
+    The masked windows have at most seven distinct masks, one per set of shifted axes whose border they lie on
+    (a window's regions depend on nothing else). Window attention takes this in place of the dense
+    ``(num_windows, N, N)`` mask: the zero-mask windows attend with the relative-position bias alone (broadcast
+    over them), the windows of each distinct mask with the bias plus that mask (broadcast over them too). The
+    result equals the dense mask's bit for bit, without the ``num_windows x heads x N x N`` bias that the dense
+    mask needs (about 1 GB per shifted block of a 16-frame 180 x 320 clip with the demo's VRT).
 
     Attributes:
         num_windows: windows per sample (the dense mask's first axis).
-        masked: (M,) int64 indices of the windows whose mask is not all zeros.
-        unmasked: (num_windows - M,) int64 indices of the others.
+        masked: (M,) int64 indices of the windows whose mask is not all zeros, those with the same mask together
+            (runs of ``counts``), in index order within a run.
+        unmasked: (num_windows - M,) int64 indices of the others, in index order.
         masks: (M, N, N) float32, 0 inside a region and -100 across regions (the dense mask's rows ``masked``).
+        counts: windows per distinct mask: the runs of ``masked`` (and ``masks``) that share one mask.
         grouped: the windows it goes with come in groups (:func:`grouped_window_partition`): every sample's
-            unmasked windows first, then every sample's masked ones (both in index order, sample-major), so that
+            unmasked windows first, then every sample's windows of each run (sample-major within a group), so that
             the groups are slices; False: the windows come in :func:`window_partition` order, sample after sample.
     """
 
@@ -154,11 +158,22 @@ class ShiftMask:
     masked: Tensor
     unmasked: Tensor
     masks: Tensor
+    counts: tuple[int, ...]
     grouped: bool = False
 
     def in_groups(self) -> ShiftMask:
         """This mask for windows in the grouped order of :func:`grouped_window_partition` (the same tensors)."""
         return dataclasses.replace(self, grouped=True)
+
+    def groups(self) -> list[tuple[Tensor, Tensor | None]]:
+        """(window indices, their common (N, N) mask or None for all zeros) of each group: the unmasked windows,
+        then each run of windows with one mask."""
+        out: list[tuple[Tensor, Tensor | None]] = [(self.unmasked, None)]
+        start = 0
+        for count in self.counts:
+            out.append((self.masked[start:start + count], self.masks[start]))
+            start += count
+        return out
 
     def dense(self) -> Tensor:
         """The dense ``(num_windows, N, N)`` mask of :func:`compute_mask`."""
@@ -189,20 +204,24 @@ def _region_ids(d: int, h: int, w: int, window_size: Size3, shift_size: Size3, d
 def _build_shift_mask(d: int, h: int, w: int, window_size: Size3, shift_size: Size3,
                       device: torch.device) -> ShiftMask:
     # a window straddles the border exactly when it is the last along an axis with a shift (the regions of every
-    # other window are the first slice along every axis); found from the sizes, so that it runs on the meta device
+    # other window are the first slice along every axis), and its regions depend only on which such axes it is last
+    # along (``border``, one bit per axis); found from the sizes, so that it runs on the meta device
     grid = [n // ws for n, ws in zip((d, h, w), window_size)]
-    mixed = torch.zeros(grid, dtype=torch.bool)
+    border = torch.zeros(grid, dtype=torch.long)
     for axis, shift in enumerate(shift_size):
         if shift:
-            mixed.select(axis, grid[axis] - 1).fill_(True)
-    mixed = mixed.flatten()
-    masked = mixed.nonzero().flatten().to(device)
-    unmasked = (~mixed).nonzero().flatten().to(device)
+            border.select(axis, grid[axis] - 1).add_(1 << axis)
+    border = border.flatten()
+    masked = border.nonzero().flatten()
+    masked = masked[torch.sort(border[masked], stable=True).indices]  # one run per border set, in index order
+    counts = tuple(torch.unique_consecutive(border[masked], return_counts=True)[1].tolist())
+    masked = masked.to(device)
+    unmasked = (border == 0).nonzero().flatten().to(device)
     ids = _region_ids(d, h, w, window_size, shift_size, device)
     sel = ids.index_select(0, masked)
     across = sel.unsqueeze(1) != sel.unsqueeze(2)
     masks = torch.zeros(across.shape, device=device).masked_fill_(across, -100.0)
-    return ShiftMask(ids.shape[0], masked, unmasked, masks)
+    return ShiftMask(ids.shape[0], masked, unmasked, masks, counts)
 
 
 @torch.compiler.disable  # the cache is Python state: under torch.compile the mask comes in as a graph input
@@ -282,8 +301,7 @@ def _build_grouped_order(b: int, d: int, h: int, w: int, window_size: Size3, shi
     mask = compute_shift_mask(d, h, w, window_size, shift_size, device)
     per_window = window_order(d, h, w, window_size, shift_size, device)[0].view(mask.num_windows, -1)
     offsets = torch.arange(b, device=device).view(b, 1, 1) * (d * h * w)
-    groups = (mask.unmasked, mask.masked)
-    order = torch.cat([(per_window.index_select(0, group) + offsets).flatten() for group in groups])
+    order = torch.cat([(per_window.index_select(0, group) + offsets).flatten() for group, _ in mask.groups()])
     inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel(), device=device))
     return torch.stack((order, inverse))
 
@@ -295,7 +313,7 @@ def grouped_window_order(b: int, d: int, h: int, w: int, window_size: Size3, shi
 
     Returns:
         (2, B * D * H * W) int64: row 0 is the flat (b, d, h, w) position of each windowed token, windows ordered
-        every sample's unmasked windows (sample-major), then every sample's masked ones; row 1 is its inverse.
+        by :meth:`ShiftMask.groups`, sample-major within a group; row 1 is its inverse.
     """
     device = torch.device(device)
     key = ('grouped', b, d, h, w, tuple(window_size), tuple(shift_size), device)
@@ -306,7 +324,8 @@ def grouped_window_partition(x: Tensor, window_size: Size3, shift_size: Size3) -
     """:func:`shifted_window_partition` with the windows grouped for :meth:`ShiftMask.in_groups`: one gather.
 
     x: (B, D, H, W, C) -> (B * num_windows, Wd * Wh * Ww, C): every sample's windows whose shift mask is all zeros,
-    then every sample's others (the same windows as :func:`shifted_window_partition`, in another order)."""
+    then every sample's windows of each distinct mask (:meth:`ShiftMask.groups`; the same windows as
+    :func:`shifted_window_partition`, in another order)."""
     b, d, h, w, c = x.shape
     order = grouped_window_order(b, d, h, w, window_size, shift_size, x.device)
     n = window_size[0] * window_size[1] * window_size[2]

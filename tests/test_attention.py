@@ -202,8 +202,9 @@ def test_spans_are_balanced_and_cover() -> None:
 
 def test_shifted_mutual_group_chunked_and_padded_equals_plain(monkeypatch: pytest.MonkeyPatch,
                                                               sdpa_calls: list[dict]) -> None:
-    """A TMSA group with shifted windows and mutual attention whose folded axis (windows x 2 frames x heads) is
-    above a forced-small limit, with the head dim padded too: output and parameter gradients as the plain path."""
+    """A TMSA group with shifted windows and mutual attention whose batch (windows) and folded head (2 frames x
+    heads) axes are above a forced-small limit, with the head dim padded too: output and parameter gradients as
+    the plain path."""
     torch.manual_seed(0)
     group = TMSAG(dim=20, depth=2, num_heads=2, window_size=(2, 4, 4), mut_attn=True, qkv_bias=True)  # hd 10
     x = torch.randn(1, 4, 12, 12, 20, generator=torch.Generator().manual_seed(2))
@@ -215,15 +216,14 @@ def test_shifted_mutual_group_chunked_and_padded_equals_plain(monkeypatch: pytes
 
     names = ['output', 'grad x'] + [n for n, _ in group.named_parameters()]
     plain = run()
-    folded = max(c['q'][1] for c in sdpa_calls)
-    # the shifted mutual attention folds its masked windows (14 of the 18 straddle the shift border) x 2 frames x
-    # 2 heads; the 4 others attend without a mask, windows along the batch
-    assert folded == 14 * 2 * 2
-    monkeypatch.setattr(layers_sdpa, 'MAX_FOLDED', 16)
+    # the 18 windows go along the batch axis (the shifted blocks' in groups sharing one mask), and the mutual
+    # attention folds 2 frames x 2 heads
+    assert max(c['q'][0] for c in sdpa_calls) == 18 and max(c['q'][1] for c in sdpa_calls) == 2 * 2
+    monkeypatch.setattr(layers_sdpa, 'MAX_FOLDED', 3)
     monkeypatch.setattr(layers_sdpa, 'PAD_HEAD_DIM_ON_CPU', True)
     sdpa_calls.clear()
     forced = run()
-    assert all(c['q'][0] <= 16 and c['q'][1] <= 16 and c['q'][-1] == 16 for c in sdpa_calls)
+    assert all(c['q'][0] <= 3 and c['q'][1] <= 3 and c['q'][-1] == 16 for c in sdpa_calls)
     _assert_close_all(forced, plain, 2e-6, names)
 
 
@@ -260,6 +260,13 @@ def test_mask_values_unchanged(size: tuple, window: tuple, shift: tuple, fresh_c
     first = compute_mask(*size, window, shift, cpu)
     assert torch.equal(first, expected) and first.dtype == torch.float32
     assert compute_mask(*size, window, shift, cpu) is first  # cached
+    compact = compute_shift_mask(*size, window, shift, cpu)
+    assert torch.equal(compact.dense(), expected)
+    groups = compact.groups()  # the all-zero windows, then one group per distinct mask, each sharing its mask
+    assert sorted(torch.cat([index for index, _ in groups]).tolist()) == list(range(expected.shape[0]))
+    assert not expected[groups[0][0]].any()
+    assert all((expected[index] == mask).all() for index, mask in groups[1:])
+    assert len({tuple(mask.flatten().tolist()) for _, mask in groups[1:]}) == len(groups) - 1 <= 7
 
 
 def test_mask_cache_bounded_per_device_lru(monkeypatch: pytest.MonkeyPatch, fresh_cache) -> None:
