@@ -58,17 +58,19 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
     # align_corners=False with (2p + 1) / size - 1 maps back to pixel p, for a size of 1 too; in place on the new
     # tensors (none of these ops keeps its output for backward): fewer large allocations, the same bits
     grid = torch.stack((px.mul_(2).add_(1).div_(w).sub_(1), py.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
-    # a view for NCHW inputs and for one channels-last sample (then each pixel's channels of a group lie together,
-    # which bilinear sampling reads faster), a copy otherwise
-    cols = grid_sample(x.reshape(n * off_groups, cin // off_groups, h, w), grid.view(n * off_groups, points * ho, w, 2),
-                       mode='bilinear', padding_mode='zeros', align_corners=False)
+    # sampled from NCHW (a copy of a channels-last input, the same bits): BasicVSR++'s (1, 128, 64, 64) sampled in 16
+    # groups of 8 channels took 8.6 ms a call with the copy against 9.3 ms from the channels-last view
+    # (benchmarks/RESULTS.md, "BasicVSR++ forward past 2x"); several channels-last samples were copied anyway
+    cols = grid_sample(x.contiguous().reshape(n * off_groups, cin // off_groups, h, w),
+                       grid.view(n * off_groups, points * ho, w, 2), mode='bilinear', padding_mode='zeros',
+                       align_corners=False)
     cols = cols.view(n, off_groups, cin // off_groups, points, ho, w)
     modulation = mask.view(n, off_groups, 1, points, ho, w)
     # in place where autograd does not keep the columns (one copy of the largest tensor less)
     cols = cols.mul_(modulation) if not torch.is_grad_enabled() else cols * modulation
     out = torch.matmul(weight.view(groups, cout // groups, cin_g * points),
                        cols.view(n, groups, cin_g * points, ho * w))
-    return out.view(n, cout, ho, w) + bias.view(1, cout, 1, 1)
+    return out.view(n, cout, ho, w).add_(bias.view(1, cout, 1, 1))  # in place: the product is not kept for backward
 
 
 def _pieces(n: int, h: int, row_bytes: int) -> list[tuple[slice, slice]]:
