@@ -85,9 +85,10 @@ def test_deformable_columns_stay_within_their_budget(grad: bool, monkeypatch: py
 
 
 def test_shifted_windows_attend_without_the_dense_bias() -> None:
-    """A shifted block hands the kernel the relative-position bias for the windows inside the shift border and
-    per-window masks only for the 15 of 64 windows on it, never a ``windows x heads x N x N`` bias; the output is the
-    dense mask's bit for bit."""
+    """A shifted block attends in groups of windows that share one mask: the 49 of 64 windows inside the shift
+    border with the relative-position bias alone, the 15 on it in three groups (last row, last column, corner), each
+    with one ``(heads, N, N)`` bias + mask broadcast over its windows, never a ``windows x heads x N x N`` one; the
+    output is the dense mask's bit for bit."""
     torch.manual_seed(0)
     heads, window = 2, (2, 8, 8)
     group = TMSAG(dim=16, depth=2, num_heads=heads, window_size=window, mut_attn=False, qkv_bias=True).eval()
@@ -96,7 +97,8 @@ def test_shifted_windows_attend_without_the_dense_bias() -> None:
     with torch.no_grad(), record_attention_calls() as calls:
         out = group(x)
     shifted = calls[1:]  # block 0 is unshifted
-    assert sum(c['mask'][0] * c['mask'][1] for c in shifted) == (1 + 15) * heads
+    assert sorted(c['q'][0] for c in shifted) == [1, 7, 7, 49]
+    assert all(c['mask'] == (1, heads, n, n) for c in shifted)
     dense = compute_mask(2, 64, 64, (2, 8, 8), (0, 4, 4), x.device)  # the depth axis is not shifted (2 frames)
     with torch.no_grad():
         y = group.blocks[0](x, None)
