@@ -30,10 +30,10 @@ def conv_layout(x: Tensor) -> Tensor:
 
 
 def eager_no_grad() -> bool:
-    """True where no gradient is recorded and no tracer or compiler is looking (``out=`` writes, in-place steps and
-    cached tensors are then safe; a traced graph, e.g. the ONNX export's, keeps the plain ops)."""
+    """True where no gradient is recorded and no tracer, compiler or exporter is looking (``out=`` writes, in-place
+    steps and cached tensors are then safe; a traced graph, e.g. the ONNX export's, keeps the plain ops)."""
     return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling()
-                or torch.compiler.is_exporting())
+                or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export())
 
 
 def cat_layout(tensors: list[Tensor], dim: int = 1) -> Tensor:

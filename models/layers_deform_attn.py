@@ -32,7 +32,7 @@ networks and crops: the demo, the tests) are kept, which saves the second sampli
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from timm.layers import Mlp
@@ -135,19 +135,24 @@ def _attend_sampled(cols: Tensor, qh: Tensor) -> tuple[Tensor, Tensor]:
     """
     b, s, _, heads, hd, kk, hw = cols.shape
     keys, values = cols[:, :, 0], cols[:, :, 1]  # (B, S, heads, hd, kk, HW)
-    # both sums as running multiply-adds over the small axis, one slice at a time: a product of the whole
-    # samples' size, then its sum, wrote and read back the largest tensor of the call (the call 1.9x slower)
-    logits = keys[:, :, :, 0] * qh[:, :, :, 0]  # (B, S, heads, kk, HW)
-    for d in range(1, hd):
-        logits.addcmul_(keys[:, :, :, d], qh[:, :, :, d])
+    logits = _mul_sum((keys[:, :, :, d], qh[:, :, :, d]) for d in range(hd))  # (B, S, heads, kk, HW)
     attn = logits.transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(dim=2)
     weights = attn.view(b, heads, s, kk, 1, hw)
-    out = values[:, 0, :, :, 0] * weights[:, :, 0, 0]  # (B, heads, hd, HW)
-    for i in range(s):
-        for k in range(kk):
-            if i or k:
-                out.addcmul_(values[:, i, :, :, k], weights[:, :, i, k])
-    return out, attn
+    out = _mul_sum((values[:, i, :, :, k], weights[:, :, i, k]) for i in range(s) for k in range(kk))
+    return out, attn  # out: (B, heads, hd, HW)
+
+
+def _mul_sum(pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
+    """``sum(a * b for a, b in pairs)`` as running multiply-adds into the first product, in the pairs' order.
+
+    Each sum of :func:`_attend_sampled` and its backward runs over a small axis one slice at a time: a product of
+    the whole samples' size, then its sum, wrote and read back the largest tensor of the call (1.9x slower)."""
+    pairs = iter(pairs)
+    a, b = next(pairs)
+    total = a * b
+    for a, b in pairs:
+        total.addcmul_(a, b)
+    return total
 
 
 class _AttendSampled(torch.autograd.Function):
@@ -172,18 +177,13 @@ class _AttendSampled(torch.autograd.Function):
         attn_b = attn.view(b, heads, s, kk, hw).transpose(1, 2).unsqueeze(3)  # (B, S, heads, 1, kk, HW)
         grad_cols = torch.empty_like(cols)
         torch.mul(grad, attn_b, out=grad_cols[:, :, 1])
-        grad_attn = values[:, :, :, 0] * grad[:, :, :, 0]  # (B, S, heads, kk, HW)
-        for d in range(1, hd):
-            grad_attn.addcmul_(values[:, :, :, d], grad[:, :, :, d])
+        grad_attn = _mul_sum((values[:, :, :, d], grad[:, :, :, d]) for d in range(hd))  # (B, S, heads, kk, HW)
         grad_attn = grad_attn.transpose(1, 2).reshape(b, heads, s * kk, hw)
         grad_logits = torch._softmax_backward_data(grad_attn, attn, 2, attn.dtype)
         grad_logits = grad_logits.view(b, heads, s, kk, hw).transpose(1, 2).unsqueeze(3)  # (B, S, heads, 1, kk, HW)
         torch.mul(grad_logits, qh, out=grad_cols[:, :, 0])
-        grad_qh = keys[:, 0, :, :, 0] * grad_logits[:, 0, :, :, 0]  # (B, heads, hd, HW)
-        for i in range(s):
-            for k in range(kk):
-                if i or k:
-                    grad_qh.addcmul_(keys[:, i, :, :, k], grad_logits[:, i, :, :, k])
+        grad_qh = _mul_sum((keys[:, i, :, :, k], grad_logits[:, i, :, :, k])
+                           for i in range(s) for k in range(kk))  # (B, heads, hd, HW)
         return grad_cols, grad_qh.view(qh.shape)
 
 
