@@ -53,8 +53,9 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
                             torch.arange(kw, dtype=x.dtype, device=x.device) - kw // 2, indexing='ij')
     off = offset.view(n, off_groups, points, 2, ho, w)
     rows = torch.arange(row0, row0 + ho, dtype=x.dtype, device=x.device).view(ho, 1)
-    py = rows + ky.reshape(points, 1, 1) + off[:, :, :, 0]
-    px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + off[:, :, :, 1]
+    dy, dx = off.unbind(3)  # unbind, not two selects: its backward is one stack, not two zero-filled tensors summed
+    py = rows + ky.reshape(points, 1, 1) + dy
+    px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + dx
     # align_corners=False with (2p + 1) / size - 1 maps back to pixel p, for a size of 1 too; in place on the new
     # tensors (none of these ops keeps its output for backward): fewer large allocations, the same bits
     grid = torch.stack((px.mul_(2).add_(1).div_(w).sub_(1), py.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
@@ -187,11 +188,12 @@ class DCNv2PackFlowGuided(nn.Module):
         """
         out = self.conv_offset(torch.cat([warped, current, flows], dim=1))
         third = out.shape[1] // 3  # offsets (dy, dx) of the two halves, then the mask logits
+        # split, not two slices: its backward is one cat, not two zero-filled tensors summed
+        offset, mask = out.split([2 * third, third], 1)
         # offsets and the convolution in fp32 even under autocast (float64 stays float64): the residue (up to
         # 10 px) plus the flow needs sub-pixel precision that bf16 does not have
         work = torch.float64 if out.dtype == torch.float64 else torch.float32
-        offset = self.max_residue_magnitude * torch.tanh(out[:, :2 * third].to(work))
-        mask = out[:, 2 * third:]
+        offset = self.max_residue_magnitude * torch.tanh(offset.to(work))
         k = self.pa_frames // 2
         # each neighbour's chunk of offsets gets its flow, flipped to (dy, dx) and repeated per point/group
         n, _, h, w = offset.shape
