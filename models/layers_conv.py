@@ -13,6 +13,7 @@ other dtypes of the fused steps, autocast and other devices keep the plain ops.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -187,11 +188,36 @@ def frame_conv(x: Tensor, conv: nn.Conv3d) -> Tensor:
                     dilation=conv.dilation[1:], groups=conv.groups)
 
 
+# Upsample modules holding a shuffle buffer, so that a call that records gradients (a training step) releases them all,
+# the EMA copy's and other networks' included.
+_HOLDERS: weakref.WeakSet[Upsample] = weakref.WeakSet()
+
+
+def release_upsample_buffers() -> None:
+    """Drop every :class:`Upsample`'s shuffle buffer (the memory goes back at once; the next call allocates anew)."""
+    for module in list(_HOLDERS):
+        module.__dict__.pop('_shuffle_buffer', None)
+    _HOLDERS.clear()
+
+
 class Upsample(nn.Module):
     """Sub-pixel upsampler on frame-batched features, ``scale`` in {2^n, 3}.
 
     Convolutions are registered under the indices of the reference's ``nn.Sequential`` (0, 5, 10, ... with
     the final 64 -> 64 convolution last), so checkpoints load unchanged.
+
+    Where no gradient is recorded, on the CPU's fast path (float32, channels-last), each pixel shuffle writes into a
+    buffer the module keeps between calls instead of a new tensor: the shuffled activation is the head's largest
+    (64 channels at the output resolution, 100 MB for VRT's tiny benchmark clip), and glibc maps a block that large
+    afresh on every call, so each call faulted in 24k new pages (benchmarks/RESULTS.md, "VRT speed by profiling,
+    session 6"). The buffer only feeds the next convolution of the same call (the output is a new tensor), so
+    callers see the same values and bits. **Memory:** the buffer holds the largest shuffled activation since its
+    last release, ``frames x num_feat x sH x sW`` floats: one group of frames of VRT's head (at most
+    :data:`models.network_vrt.HEAD_CHUNK_BYTES`, or one frame where a frame is larger), one frame of RVRT's.
+    It stays resident between calls (the tiny VRT's forward: peak RSS unchanged, 1.10 GiB; resident between
+    forwards +0.12 GiB), and is released by ``train()``, by any call that records gradients (of any Upsample: a
+    training step frees the EMA copy's buffer too) and by :func:`release_upsample_buffers`; a larger activation
+    replaces it. One module must not be called from several threads at once.
 
     Args:
         scale: upscaling factor.
@@ -211,12 +237,39 @@ class Upsample(nn.Module):
             self.add_module(str(5 * i), FrameConv(num_feat, f * f * num_feat))
         self.add_module(str(5 * len(steps)), FrameConv(num_feat, num_feat))
 
+    def train(self, mode: bool = True) -> Upsample:
+        """Also drops the shuffle buffer (inference-only memory) when switched to training."""
+        if mode:
+            self.__dict__.pop('_shuffle_buffer', None)
+        return super().train(mode)
+
+    def _shuffled(self, x: Tensor, f: int) -> Tensor:
+        """``pixel_shuffle(x, f)`` of a channels-last ``x`` (N, C f^2, H, W), written into the kept buffer: a
+        channels-last (N, C, fH, fW) view of it, the same values."""
+        n, c4, h, w = x.shape
+        c = c4 // (f * f)
+        need = x.numel()
+        buf = self.__dict__.get('_shuffle_buffer')
+        if buf is None or buf.numel() < need or buf.dtype != x.dtype or buf.device != x.device:
+            self.__dict__.pop('_shuffle_buffer', None)  # the old one goes before the new one is allocated
+            buf = self.__dict__['_shuffle_buffer'] = torch.empty(need, dtype=x.dtype, device=x.device)
+            _HOLDERS.add(self)
+        out = buf[:need].view(n, h * f, w * f, c)  # NHWC storage of the shuffled (N, C, fH, fW)
+        # out[n, h f + i, w f + j, c] = x[n, c f^2 + i f + j, h, w]
+        out.view(n, h, f, w, f, c).copy_(x.permute(0, 2, 3, 1).view(n, h, w, c, f, f).permute(0, 1, 4, 2, 5, 3))
+        return out.permute(0, 3, 1, 2)
+
     def forward(self, x: Tensor) -> Tensor:
         """x: (B * D, C, H, W) -> (B * D, C, sH, sW)."""
+        if not eager_no_grad():
+            release_upsample_buffers()  # training: inference-only memory goes back
         for i, f in enumerate(self.factors):
             conv = self.get_submodule(str(5 * i))
             if eager_no_grad():  # the activation fused into the convolution, before the shuffle (the same values)
-                x = F.pixel_shuffle(conv_act(conv, x, 0.1), f)
+                x = conv_act(conv, x, 0.1)
+                keep = (x.device.type == 'cpu' and x.dtype == torch.float32
+                        and x.is_contiguous(memory_format=torch.channels_last))
+                x = self._shuffled(x, f) if keep else F.pixel_shuffle(x, f)
             else:  # in place: the shuffled activation is the head's largest (64 channels at the output resolution),
                 # and neither pixel_shuffle's backward nor leaky_relu's (from its output, slope > 0) needs it kept
                 x = F.leaky_relu_(F.pixel_shuffle(conv(x), f), 0.1)

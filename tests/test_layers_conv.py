@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.layers_conv import Conv2d, FrameConv, conv_act, conv_add_, frame_conv
+from models.layers_conv import Conv2d, FrameConv, Upsample, conv_act, conv_add_, frame_conv
 
 FUSED = {'mkldnn::_convolution_pointwise', 'mkldnn::_convolution_pointwise_'}
 
@@ -100,3 +100,33 @@ def test_training_autocast_float64_tracing_and_hooks_keep_the_plain_ops() -> Non
             got = conv_act(conv2d, x, 0.1)
         assert not FUSED & ops.names and len(seen) == 1 and torch.equal(got, seen[0])
     assert 'mkldnn' not in str(traced.graph) and 'leaky_relu' in str(traced.graph)
+
+
+def _plain_upsample(up: Upsample, x: torch.Tensor) -> torch.Tensor:
+    """The upsampler as separate plain ops: convolution, leaky ReLU, pixel shuffle, then the last convolution."""
+    for i, f in enumerate(up.factors):
+        x = F.pixel_shuffle(F.leaky_relu(_plain(up.get_submodule(str(5 * i)), x), 0.1), f)
+    return _plain(up.get_submodule(str(5 * len(up.factors))), x)
+
+
+@pytest.mark.parametrize('scale', [4, 3])
+def test_upsample_keeps_one_shuffle_buffer_without_autograd_and_releases_it(scale: int) -> None:
+    """Without autograd the pixel shuffles write into one kept buffer (the same one on the next call, a prefix of it
+    for fewer frames): the plain ops' bits; ``train()`` and a call that records gradients (of any Upsample, e.g.
+    the training network's while the EMA copy holds one) release it."""
+    torch.manual_seed(0)
+    up, other = Upsample(scale, 8).eval(), Upsample(scale, 8).eval()
+    x = torch.randn(3, 8, 5, 6).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        first = up(x)
+        buf = up.__dict__['_shuffle_buffer']
+        assert buf.numel() == 3 * 8 * (5 * scale) * (6 * scale)
+        assert torch.equal(first, _plain_upsample(up, x))
+        again, fewer = up(x), up(x[:2])
+        assert up.__dict__['_shuffle_buffer'] is buf  # reused, not allocated anew
+        assert torch.equal(again, first) and torch.equal(fewer, first[:2])
+        other(x)
+    up.train()
+    assert '_shuffle_buffer' not in up.__dict__ and '_shuffle_buffer' in other.__dict__
+    up(x.clone().requires_grad_()).sum().backward()  # a training call releases the EMA-like copy's buffer too
+    assert '_shuffle_buffer' not in other.__dict__
