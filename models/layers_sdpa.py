@@ -44,16 +44,19 @@ class _BiasedAttention(torch.autograd.Function):
         return min(samples, b), min(step, heads)
 
     @staticmethod
-    def backward_bytes(q_shape: tuple[int, ...], v_shape: tuple[int, ...], element_size: int = 4) -> int:
+    def backward_bytes(q_shape: tuple[int, ...], v_shape: tuple[int, ...], element_size: int = 4,
+                       strided: bool = False) -> int:
         """Bytes that :meth:`backward` allocates at its peak for a (B, H, N, d) call: the gradients of q, k, v and
         the bias, the contiguous incoming gradient, the row term, and two chunks of (N x N) scores plus a chunk's
-        bias-gradient sum."""
+        bias-gradient sum; with ``strided`` (q, k, v not contiguous, e.g. views of one qkv projection), their
+        contiguous copies too."""
         b, heads, n, d = q_shape
         samples, hs = _BiasedAttention.chunking(b, heads, n)
         values = b * heads * n * v_shape[-1]
         grads = 2 * b * heads * n * d + values + heads * n * n
+        copies = 2 * b * heads * n * d + values if strided else 0
         scratch = 2 * samples * hs * n * n + hs * n * n
-        return element_size * (grads + values + b * heads * n + scratch)
+        return element_size * (grads + copies + values + b * heads * n + scratch)
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
@@ -66,6 +69,9 @@ class _BiasedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         q, k, v, bias, out = ctx.saved_tensors
+        # contiguous once: views of one qkv projection made every chunk of several samples copy its q, k and v
+        # (hundreds of small strided copies a step; benchmarks/RESULTS.md, "VRT speed by profiling, session 6")
+        q, k, v = (t.contiguous() for t in (q, k, v))
         scale = ctx.scale
         b, heads, n, _ = q.shape
         grad_out = grad_out.contiguous()
@@ -195,7 +201,8 @@ def backward_scratch_bytes(q: Tensor, v: Tensor, mask: Tensor | None) -> int:
     (:class:`_BiasedAttention`: the CPU with a trainable mask), else 0 (SDPA's own kernels are not modelled)."""
     if not _takes_biased_path(q, mask):
         return 0
-    return _BiasedAttention.backward_bytes(tuple(q.shape), tuple(v.shape), q.element_size())
+    strided = not all(t.is_contiguous() for t in (q, v))
+    return _BiasedAttention.backward_bytes(tuple(q.shape), tuple(v.shape), q.element_size(), strided)
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:

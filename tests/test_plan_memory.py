@@ -173,18 +173,26 @@ def test_meta_pass_counts_what_a_real_pass_saves(recipes: dict[str, dict], monke
     assert abs(meta.activations / cpu.activations - 1) < 0.01
 
 
-def test_estimate_counts_the_cpu_attention_backward(recipes: dict[str, dict]) -> None:
-    """The CPU's trainable-bias attention backward allocates its gradients and two chunks of scores (8 MB each):
+@pytest.mark.parametrize('layout', ['contiguous', 'qkv views'])
+def test_estimate_counts_the_cpu_attention_backward(recipes: dict[str, dict], layout: str) -> None:
+    """The CPU's trainable-bias attention backward allocates its gradients and two chunks of scores (8 MB each),
+    and contiguous copies of q, k, v where they are views of one qkv projection (the window attention's):
     ``backward_scratch_bytes`` bounds what one backward allocates (within 20% of it), and the CPU estimate's
     transient covers the largest such backward of the demo's step (the demo's largest calls allocate more there
     than twice its largest tensor)."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.rand(64, 3, 128, 12, generator=gen, requires_grad=True) for _ in range(3))
+    if layout == 'contiguous':
+        q, k, v = (torch.rand(64, 3, 128, 12, generator=gen, requires_grad=True) for _ in range(3))
+        inputs = (q, k, v)
+    else:  # (B, N, 3, H, d) as the qkv projection's output is viewed
+        qkv = torch.rand(64, 128, 3, 3, 12, generator=gen, requires_grad=True)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        inputs = (qkv,)
     bias = torch.rand(1, 3, 128, 128, generator=gen, requires_grad=True)
     out = layers_sdpa.attention(q, k, v, bias, 12 ** -0.5)
     grad = torch.rand(out.shape, generator=gen)
     live = _LiveBytes(0)
-    live.seen.update(t.untyped_storage()._cdata for t in (q, k, v, bias, out, grad))  # views of these are not new
+    live.seen.update(t.untyped_storage()._cdata for t in (*inputs, bias, out, grad))  # views of these are not new
     with live:
         torch.autograd.grad(out, (q, k, v, bias), grad)
     counted = layers_sdpa.backward_scratch_bytes(q, v, bias)
