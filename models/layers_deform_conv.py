@@ -13,6 +13,7 @@ import torchvision
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from models.layers_conv import eager_no_grad
 from models.layers_warp import autocast_off, deterministic_kernels, grid_sample
 
 # Bytes of sampled columns (C_in x 9 values per output pixel) that one call of the sampled formulation builds at
@@ -54,11 +55,18 @@ def deform_conv3x3_sampled(x: Tensor, offset: Tensor, mask: Tensor, weight: Tens
     off = offset.view(n, off_groups, points, 2, ho, w)
     rows = torch.arange(row0, row0 + ho, dtype=x.dtype, device=x.device).view(ho, 1)
     dy, dx = off.unbind(3)  # unbind, not two selects: its backward is one stack, not two zero-filled tensors summed
-    py = rows + ky.reshape(points, 1, 1) + dy
-    px = torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(points, 1, 1) + dx
+    base_y, base_x = rows + ky.reshape(points, 1, 1), torch.arange(w, dtype=x.dtype, device=x.device) + kx.reshape(
+        points, 1, 1)
     # align_corners=False with (2p + 1) / size - 1 maps back to pixel p, for a size of 1 too; in place on the new
     # tensors (none of these ops keeps its output for backward): fewer large allocations, the same bits
-    grid = torch.stack((px.mul_(2).add_(1).div_(w).sub_(1), py.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
+    if eager_no_grad():  # the two coordinates written straight into the grid: no stack copy, two tensors fewer
+        grid = x.new_empty(n, off_groups, points, ho, w, 2)
+        torch.add(base_x, dx, out=grid[..., 0])
+        torch.add(base_y, dy, out=grid[..., 1])
+        grid.mul_(2).add_(1).div_(torch.tensor([w, h], dtype=x.dtype, device=x.device)).sub_(1)
+    else:
+        px, py = base_x + dx, base_y + dy
+        grid = torch.stack((px.mul_(2).add_(1).div_(w).sub_(1), py.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
     # sampled from NCHW (a copy of a channels-last input, the same bits): BasicVSR++'s (1, 128, 64, 64) sampled in 16
     # groups of 8 channels took 8.6 ms a call with the copy against 9.3 ms from the channels-last view
     # (benchmarks/RESULTS.md, "BasicVSR++ forward past 2x"); several channels-last samples were copied anyway

@@ -254,7 +254,8 @@ def test_bf16_autocast_runs() -> None:
 
 @pytest.mark.parametrize(('k', 'groups'), [(1, 4), (2, 4), (3, 6)])
 def test_sampled_deform_conv_matches_torchvision(k: int, groups: int) -> None:
-    """The CPU grid_sample formulation equals torchvision's deform_conv2d (values and all gradients)."""
+    """The CPU grid_sample formulation equals torchvision's deform_conv2d (values and all gradients); without
+    autograd (its grid built in place) it gives the same bits as with it."""
     gen = torch.Generator().manual_seed(k)
     c, h, w = 12, 9, 11
     tensors = [torch.randn(2, k * c, h, w, generator=gen), 3 * torch.randn(2, 18 * groups, h, w, generator=gen),
@@ -269,6 +270,8 @@ def test_sampled_deform_conv_matches_torchvision(k: int, groups: int) -> None:
         results.append([out.detach()] + [t.grad for t in inputs])
     for ref, ours in zip(*results):
         torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # the grid written in place without autograd: the recording path's bits
+        assert torch.equal(deform_conv3x3_sampled(*tensors), results[1][0])
 
 
 def test_deform_impls_agree_inside_vrt() -> None:
