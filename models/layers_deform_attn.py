@@ -73,6 +73,13 @@ def _attend_frames(
 ) -> Tensor:
     """Deformable attention of each query frame over its own stack of kv frames (no dtype handling).
 
+    With an even number of deformable groups the keys (the first half of the groups) and the values are sampled by
+    two calls, each into a tensor half the size of all samples: where no gradient is recorded the keys are freed
+    before the values are sampled, and in backward each half's gradient is its own tensor. Below glibc's largest
+    mmap threshold (32 MiB) such halves come from reused heap blocks; the whole samples (RVRT tiny: 54 MiB a call)
+    were mapped afresh and faulted in page by page on every call (benchmarks/RESULTS.md, "RVRT speed by profiling,
+    session 6"). The same values: grid_sample samples each channel on its own.
+
     Args:
         q: (B, C, H, W) queries.
         kv_frames: (B, S, 2C, H, W) the S kv frames each query attends to.
@@ -96,57 +103,76 @@ def _attend_frames(
     kj = torch.arange(kw, device=dev, dtype=dt) * dilation[1]
     base_y = (ki.view(kh, 1, 1, 1) + ys.view(1, 1, h, 1)).expand(kh, kw, h, w).reshape(kk, hw)
     base_x = (kj.view(1, kw, 1, 1) + xs.view(1, 1, 1, w)).expand(kh, kw, h, w).reshape(kk, hw)
+    halves = 2 if g % 2 == 0 else 1  # keys and values apart where no group holds both
+    # positions (B, S, halves, G / halves, kk, (y, x), HW) in pixel indices, normalised in place to grid_sample's
+    # [-1, 1] as (2 p + 1) / size - 1 (the same ops, and bits, as one axis at a time), then stacked (x, y) last
+    # with the halves first, so that each half's grid is contiguous
+    base = torch.stack((base_y, base_x), dim=1)  # (kk, 2, HW)
+    size = torch.tensor([h, w], device=dev, dtype=dt).view(2, 1)
+    pos = (offset.reshape(b, s, halves, g // halves, kk, 2, hw) + base).mul_(2).add_(1).div_(size).sub_(1)
     # unbind, not two selects: in backward each select would write its gradient into a zero-filled tensor of the
-    # whole input and the two be summed; unbind's backward stacks the two once
-    off_y, off_x = offset.reshape(b, s, g, kk, 2, hw).unbind(4)
-    pos_y = off_y + base_y  # (B, S, G, kk, HW)
-    pos_x = off_x + base_x
-    # in place on the new tensors (none of these ops keeps its output for backward): the same bits
-    grid = torch.stack((pos_x.mul_(2).add_(1).div_(w).sub_(1), pos_y.mul_(2).add_(1).div_(h).sub_(1)), dim=-1)
-    cols = grid_sample(
-        kv_frames.reshape(b * s * g, c2 // g, h, w),
-        grid.view(b * s * g, kk, hw, 2),
-        mode='bilinear',
-        padding_mode='zeros',
-        align_corners=False,
-    )  # (B*S*G, 2C/G, kk, HW)
-    cols = cols.view(b, s, 2, heads, hd, kk, hw)
+    # whole input and the two be summed; unbind's backward stacks them once
+    pos_y, pos_x = (p.movedim(2, 0) for p in pos.unbind(5))
+    grids = torch.stack((pos_x, pos_y), dim=-1).unbind(0)  # halves x (B, S, G / halves, kk, HW, 2)
+    kv_parts = kv_frames.chunk(halves, dim=2)
+
+    def sample(part: int) -> Tensor:
+        """Keys, values (or both, for an odd G) of kv part ``part``: (B, S, G / halves, 2C / G, kk, HW)."""
+        groups = b * s * g // halves
+        cols = grid_sample(
+            kv_parts[part].reshape(groups, c2 // g, h, w),
+            grids[part].view(groups, kk, hw, 2),
+            mode='bilinear',
+            padding_mode='zeros',
+            align_corners=False,
+        )  # (B*S*G/halves, 2C/G, kk, HW)
+        return cols.view(b, s, g // halves, c2 // g, kk, hw)
+
     qh = q.reshape(b, 1, heads, hd, 1, hw) * hd**-0.5
+    if halves == 1:
+        keys, values = sample(0).view(b, s, 2, heads, hd, kk, hw).unbind(2)
+    elif torch.is_grad_enabled():
+        keys, values = sample(0).view(b, s, heads, hd, kk, hw), sample(1).view(b, s, heads, hd, kk, hw)
+    else:  # the keys freed before the values are sampled
+        attn = _attention_weights(sample(0).view(b, s, heads, hd, kk, hw), qh)
+        return _weighted_values(sample(1).view(b, s, heads, hd, kk, hw), attn).reshape(b, heads * hd, h, w)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        out = _AttendSampled.apply(cols, qh)
+        out = _AttendSampled.apply(keys, values, qh)
     else:
-        out = _attend_sampled(cols, qh)[0]
+        out = _weighted_values(values, _attention_weights(keys, qh))
     return out.reshape(b, heads * hd, h, w)
 
 
-def _attend_sampled(cols: Tensor, qh: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax attention of each pixel's query over its sampled keys, applied to its sampled values.
+def _attention_weights(keys: Tensor, qh: Tensor) -> Tensor:
+    """Softmax over the sampled keys of each pixel's query: (B, heads, S * kk, HW).
 
-    Products and sums over the small axes (head_dim, then frames x kernel points) in the sampled layout, pixels
-    innermost: a batched matrix product (einsum) would first copy the samples into a pixel-major layout, which cost
-    more than the products (1.3-1.4x slower forward and backward, benchmarks/RESULTS.md).
+    Products and sums over the small axes (head_dim here, frames x kernel points in :func:`_weighted_values`) in
+    the sampled layout, pixels innermost: a batched matrix product (einsum) would first copy the samples into a
+    pixel-major layout, which cost more than the products (1.3-1.4x slower forward and backward,
+    benchmarks/RESULTS.md).
 
     Args:
-        cols: (B, S, 2, heads, hd, kk, HW) sampled keys ([:, :, 0]) and values ([:, :, 1]).
+        keys: (B, S, heads, hd, kk, HW) sampled keys.
         qh: (B, 1, heads, hd, 1, HW) scaled queries.
-
-    Returns:
-        ``(out, attn)``: (B, heads, hd, HW) and the (B, heads, S * kk, HW) attention weights.
     """
-    b, s, _, heads, hd, kk, hw = cols.shape
-    keys, values = cols[:, :, 0], cols[:, :, 1]  # (B, S, heads, hd, kk, HW)
+    b, s, heads, hd, kk, hw = keys.shape
     logits = _mul_sum((keys[:, :, :, d], qh[:, :, :, d]) for d in range(hd))  # (B, S, heads, kk, HW)
-    attn = logits.transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(dim=2)
+    return logits.transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(dim=2)
+
+
+def _weighted_values(values: Tensor, attn: Tensor) -> Tensor:
+    """The attention-weighted sum of the sampled values: values (B, S, heads, hd, kk, HW), attn (B, heads, S * kk,
+    HW) -> (B, heads, hd, HW)."""
+    b, s, heads, hd, kk, hw = values.shape
     weights = attn.view(b, heads, s, kk, 1, hw)
-    out = _mul_sum((values[:, i, :, :, k], weights[:, :, i, k]) for i in range(s) for k in range(kk))
-    return out, attn  # out: (B, heads, hd, HW)
+    return _mul_sum((values[:, i, :, :, k], weights[:, :, i, k]) for i in range(s) for k in range(kk))
 
 
 def _mul_sum(pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
     """``sum(a * b for a, b in pairs)`` as running multiply-adds into the first product, in the pairs' order.
 
-    Each sum of :func:`_attend_sampled` and its backward runs over a small axis one slice at a time: a product of
-    the whole samples' size, then its sum, wrote and read back the largest tensor of the call (1.9x slower)."""
+    Each sum of the attention and its backward runs over a small axis one slice at a time: a product of the whole
+    samples' size, then its sum, wrote and read back the largest tensor of the call (1.9x slower)."""
     pairs = iter(pairs)
     a, b = next(pairs)
     total = a * b
@@ -156,35 +182,34 @@ def _mul_sum(pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
 
 
 class _AttendSampled(torch.autograd.Function):
-    """:func:`_attend_sampled` with its backward written out: the gradients of the keys and the values are written
-    into one tensor of ``cols``' shape (autograd of the two slices would give each a zero-filled tensor of that
-    shape and then sum the two: three passes over the largest tensor of the step), and the sums run as in the
-    forward, multiply-adds one slice at a time."""
+    """:func:`_attention_weights` then :func:`_weighted_values`, with the backward written out: each gradient of
+    the samples is written once into a tensor of its own (autograd of the products would write zero-filled
+    tensors and sum them), and the sums run as in the forward, multiply-adds one slice at a time."""
 
     @staticmethod
-    def forward(ctx, cols: Tensor, qh: Tensor) -> Tensor:
-        out, attn = _attend_sampled(cols, qh)
-        ctx.save_for_backward(cols, qh, attn)
-        return out
+    def forward(ctx, keys: Tensor, values: Tensor, qh: Tensor) -> Tensor:
+        attn = _attention_weights(keys, qh)
+        ctx.save_for_backward(keys, values, qh, attn)
+        return _weighted_values(values, attn)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-        cols, qh, attn = ctx.saved_tensors
-        b, s, _, heads, hd, kk, hw = cols.shape
-        keys, values = cols[:, :, 0], cols[:, :, 1]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        keys, values, qh, attn = ctx.saved_tensors
+        b, s, heads, hd, kk, hw = keys.shape
         grad = grad_out.view(b, 1, heads, hd, 1, hw)
         attn_b = attn.view(b, heads, s, kk, hw).transpose(1, 2).unsqueeze(3)  # (B, S, heads, 1, kk, HW)
-        grad_cols = torch.empty_like(cols)
-        torch.mul(grad, attn_b, out=grad_cols[:, :, 1])
+        # written into tensors of the samples' own (contiguous) layout: a product would take the broadcast operands'
+        # order, and autograd then copy it for the samples' views
+        grad_values = torch.mul(grad, attn_b, out=torch.empty_like(values))
         grad_attn = _mul_sum((values[:, :, :, d], grad[:, :, :, d]) for d in range(hd))  # (B, S, heads, kk, HW)
         grad_attn = grad_attn.transpose(1, 2).reshape(b, heads, s * kk, hw)
         grad_logits = torch._softmax_backward_data(grad_attn, attn, 2, attn.dtype)
         grad_logits = grad_logits.view(b, heads, s, kk, hw).transpose(1, 2).unsqueeze(3)  # (B, S, heads, 1, kk, HW)
-        torch.mul(grad_logits, qh, out=grad_cols[:, :, 0])
+        grad_keys = torch.mul(grad_logits, qh, out=torch.empty_like(keys))
         grad_qh = _mul_sum((keys[:, i, :, :, k], grad_logits[:, i, :, :, k])
                            for i in range(s) for k in range(kk))  # (B, heads, hd, HW)
-        return grad_cols, grad_qh.view(qh.shape)
+        return grad_keys, grad_values, grad_qh.view(qh.shape)
 
 
 def _work_dtype(t: Tensor) -> torch.dtype:

@@ -142,43 +142,68 @@ def test_recompute_gives_same_gradients():
 
 
 def test_written_out_attention_backward_matches_float64_autograd():
-    """The attention over the sampled keys/values (running multiply-adds, backward written out into one gradient
-    tensor): output and both gradients at float32 rounding of float64 autograd of the plain formula, with heads,
-    frames and kernel points > 1 (the gradcheck runs one head)."""
+    """The attention over the sampled keys and values (running multiply-adds, backward written out into a gradient
+    tensor of each): output and all three gradients at float32 rounding of float64 autograd of the plain formula,
+    with heads, frames and kernel points > 1 (the gradcheck runs one head)."""
     gen = torch.Generator().manual_seed(3)
     b, s, heads, hd, kk, hw = 2, 2, 3, 4, 9, 20
-    cols = torch.randn(b, s, 2, heads, hd, kk, hw, generator=gen)  # keys ([:, :, 0]) and values
+    keys, values = torch.randn(2, b, s, heads, hd, kk, hw, generator=gen)
     qh = torch.randn(b, 1, heads, hd, 1, hw, generator=gen)
     grad_out = torch.randn(b, heads, hd, hw, generator=gen)
-    leaves = [cols.clone().requires_grad_(True), qh.clone().requires_grad_(True)]
+    leaves = [t.clone().requires_grad_(True) for t in (keys, values, qh)]
     out = _AttendSampled.apply(*leaves)
-    got = [out, *torch.autograd.grad(out, leaves, grad_out)]
-    c64, q64 = cols.double().requires_grad_(True), qh.double().requires_grad_(True)
-    keys, values = c64[:, :, 0], c64[:, :, 1]
-    attn = (keys * q64).sum(3).transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(2).view(b, heads, s, kk, hw)
-    ref = (values * attn.transpose(1, 2).unsqueeze(3)).sum((1, 4))
-    expected = [ref, *torch.autograd.grad(ref, (c64, q64), grad_out.double())]
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    assert all(g.is_contiguous() for g in grads)  # the samples' views take them without a copy
+    got = [out, *grads]
+    k64, v64, q64 = (t.double().requires_grad_(True) for t in (keys, values, qh))
+    attn = (k64 * q64).sum(3).transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(2).view(b, heads, s, kk, hw)
+    ref = (v64 * attn.transpose(1, 2).unsqueeze(3)).sum((1, 4))
+    expected = [ref, *torch.autograd.grad(ref, (k64, v64, q64), grad_out.double())]
     for a, e in zip(got, expected):
         torch.testing.assert_close(a.double(), e, rtol=0, atol=2e-6 * e.abs().max().item())
 
 
 def test_default_keeps_small_samples_and_recomputes_large_ones(monkeypatch):
-    """``recompute=None`` keeps the sampled keys/values for backward while they fit RECOMPUTE_ABOVE_BYTES and
-    recomputes them above it; the gradients are the same bits either way."""
+    """``recompute=None`` keeps the sampled keys and values (each half of the samples, sampled apart) for backward
+    while they fit RECOMPUTE_ABOVE_BYTES and recomputes them above it; the gradients are the same bits either
+    way."""
     q, kv, offset = _inputs(c=4, dtype=torch.float32)
-    columns = 2 * kv.numel() * 9  # each of the 2 query frames samples both kv frames at 3 x 3 points
-    largest, grads = [], []
+    half = (2, 2, 2, 2, 9, 30)  # keys (or values): 2 query frames x 2 kv frames x 2 heads x 2 channels x 3 x 3 x 30 px
+    kept, grads = [], []
     for budget in (2**40, 0):
         monkeypatch.setattr(layers_deform_attn, 'RECOMPUTE_ABOVE_BYTES', budget)
         leaves = [t.clone().requires_grad_(True) for t in (q, kv, offset)]
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
             out = deform_attn(*leaves, 3, 3, 1, 1, 1, 2, 2, 2)
-        largest.append(max(saved))
+        kept.append(saved.count(half))
         grads.append(torch.autograd.grad(out.square().sum(), leaves))
-    assert largest[0] == columns > largest[1]
+    assert kept == [2, 0]
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("groups", [2, 1])
+def test_keys_and_values_sampled_apart_for_an_even_group_count(monkeypatch, groups):
+    """With an even G the keys and the values are sampled by two calls, each half of all samples (without autograd
+    the keys are freed before the values are sampled); an odd G, whose middle group holds both, samples once. The
+    output equals the per-pixel loop either way."""
+    q, kv, offset = _inputs(c=4, groups=groups)
+    sampled = []
+
+    def spy(x, grid, **kwargs):
+        out = grid_sample(x, grid, **kwargs)
+        sampled.append(out.numel())
+        return out
+
+    grid_sample = layers_deform_attn.grid_sample
+    monkeypatch.setattr(layers_deform_attn, "grid_sample", spy)
+    args = (3, 3, 1, 1, 1, 2, groups, 2)
+    with torch.no_grad():
+        out = deform_attn(q, kv, offset, *args)
+    every = 2 * kv.numel() * 9  # both query frames sample all kv channels of both kv frames at 3 x 3 points
+    assert sampled == ([every // 2] * 2 if groups % 2 == 0 else [every])
+    torch.testing.assert_close(out, naive_deform_attn(q, kv, offset, *args), rtol=1e-10, atol=1e-10)
 
 
 def test_autocast_bf16_cpu():
