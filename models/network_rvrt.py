@@ -354,9 +354,13 @@ class RVRT(nn.Module):
         n, t = feats.shape[:2]
         x = self.reconstruction(feats).flatten(0, 1)
         x = conv_act(self.conv_before_upsampler[0], x, 0.1)
-        if eager_no_grad() and x.device.type == 'cpu':
-            # one frame at a time through the upsampler: its activations (64 channels at 4x) stay small enough for
-            # the allocator to reuse freed memory instead of faulting in fresh pages (the same bits)
+        with torch.no_grad():
+            eager = eager_no_grad()  # no tracer, compiler or exporter looking (a traced graph keeps all frames)
+        if eager and x.device.type == 'cpu':
+            # one frame at a time through the upsampler: its activations (64 channels at 4x, 16 MiB a 64 x 64 frame)
+            # stay under glibc's 32 MiB mmap ceiling, so freed memory is reused instead of fresh pages faulted in.
+            # Without autograd the same bits; in training the weight gradients sum the frames in another order
+            # (benchmarks/RESULTS.md, "RVRT speed by profiling, session 6": train step 1.04x, 115k -> 38k faults)
             x = torch.cat([frame_conv(self.upsampler(f), self.conv_last) for f in x.split(1)])
         else:
             x = frame_conv(self.upsampler(x), self.conv_last)

@@ -106,6 +106,28 @@ def test_mirror_flag_is_per_forward() -> None:
     assert torch.isfinite(out_mirrored).all()
 
 
+def test_upsampler_takes_one_frame_at_a_time_on_the_cpu(monkeypatch) -> None:
+    """In training as in evaluation the x4 upsampler runs frame by frame on the CPU (activations under glibc's mmap
+    ceiling); the output is the batched upsampler's, bit for bit, and the gradients agree to rounding. A traced
+    graph (here: ``eager_no_grad`` reporting a tracer) keeps all frames in one call."""
+    x = torch.rand(1, 4, 3, 36, 36, generator=torch.Generator().manual_seed(5))
+    results = []
+    for traced in (False, True):
+        net = _tiny(upscale=4)
+        calls = []
+        net.upsampler.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+        if traced:
+            monkeypatch.setattr('models.network_rvrt.eager_no_grad', lambda: False)
+        out = net(x)
+        out.square().mean().backward()
+        assert calls == ([4] if traced else [1, 1, 1, 1])
+        results.append((out.detach(), {n: p.grad for n, p in net.named_parameters()}))
+    (out, grads), (out_batched, grads_batched) = results
+    assert torch.equal(out, out_batched)
+    for name, grad in grads_batched.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-7, rtol=1e-4)
+
+
 def test_checkpointing_gives_same_gradients() -> None:
     x = torch.rand(1, 4, 3, 36, 36, generator=torch.Generator().manual_seed(4))
     grads = []
