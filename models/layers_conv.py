@@ -261,8 +261,8 @@ class Upsample(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B * D, C, H, W) -> (B * D, C, sH, sW)."""
-        if not eager_no_grad():
-            release_upsample_buffers()  # training: inference-only memory goes back
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            release_upsample_buffers()  # training: inference-only memory goes back (eager Python, not traced)
         for i, f in enumerate(self.factors):
             conv = self.get_submodule(str(5 * i))
             if eager_no_grad():  # the activation fused into the convolution, before the shuffle (the same values)
