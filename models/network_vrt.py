@@ -446,13 +446,20 @@ class VRT(nn.Module):
         Without autograd the frames go through in groups whose largest activation (64 channels at the output
         resolution) stays within :data:`HEAD_CHUNK_BYTES`: convolutions and pixel shuffles work on each frame
         alone, so the output is the same bits, and a long clip does not hold every frame's high-resolution
-        activations at once.
+        activations at once. Training on the CPU takes one frame at a time (see below).
         """
         frames = feat.shape[0]
         step = frames
         if not torch.is_grad_enabled():
             per_frame = 64 * self.upscale**2 * feat.shape[2] * feat.shape[3] * feat.element_size()
             step = max(1, HEAD_CHUNK_BYTES // per_frame)
+        elif feat.device.type == 'cpu' and not (torch.jit.is_tracing() or torch.compiler.is_compiling()):
+            # training on the CPU: one frame at a time, so the head's activations and backward temporaries (16 MiB a
+            # frame at 64 x 64 x 4, x4) stay below glibc's 32 MiB mmap ceiling and reuse heap memory instead of
+            # being mapped and faulted in afresh (100 MB each for 6 frames): tiny train step 1.027x; the head's
+            # weight gradients are then sums over frames in another order (rounding; benchmarks/RESULTS.md,
+            # "VRT speed by profiling, session 6"); a traced graph keeps all frames
+            step = 1
         outs = [self.conv_last(self.upsample(self.conv_before_upsample(feat[i:i + step]))).contiguous()
                 for i in range(0, frames, step)]
         return outs[0] if len(outs) == 1 else torch.cat(outs, 0)

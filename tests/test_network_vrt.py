@@ -97,7 +97,9 @@ def test_gradients_reach_parameters() -> None:
     net = _tiny().train()
     layouts = _record_head_layout(net)
     net(torch.rand(1, 3, 3, 40, 40)).square().mean().backward()
-    assert layouts == [True]  # the head's convolutions run channels-last with autograd too
+    # the head's convolutions run channels-last with autograd too, and on the CPU one frame at a time (heap-sized
+    # activations instead of fresh mappings, network_vrt._reconstruct)
+    assert layouts == [True] * 3
     zero = []
     for name, p in net.named_parameters():
         assert p.grad is not None, name
