@@ -293,13 +293,14 @@ def test_deformable_alignment_kernels_agree() -> None:
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize('n', [1, 2])
-def test_sampled_deform_conv_channels_last_input(n: int) -> None:
+@pytest.mark.parametrize(('n', 'h'), [(1, 9), (2, 9), (1, 10)])
+def test_sampled_deform_conv_channels_last_input(n: int, h: int) -> None:
     """The sampled formulation groups a channels-last input's channels as an NCHW one's, to the bit (it samples
-    from an NCHW copy), with and without gradients."""
+    from an NCHW copy), with and without gradients; a square frame's grid (one scalar divisor without autograd)
+    too."""
     g = torch.Generator().manual_seed(0)
-    x = torch.rand(n, 16, 9, 10, generator=g)
-    offset, mask = 3 * torch.randn(n, 2 * 4 * 9, 9, 10, generator=g), torch.rand(n, 4 * 9, 9, 10, generator=g)
+    x = torch.rand(n, 16, h, 10, generator=g)
+    offset, mask = 3 * torch.randn(n, 2 * 4 * 9, h, 10, generator=g), torch.rand(n, 4 * 9, h, 10, generator=g)
     weight, bias = torch.randn(8, 16, 3, 3, generator=g), torch.randn(8, generator=g)
     expected = layers_deform_conv.deform_conv3x3_sampled(x, offset, mask, weight, bias)
     for grad in (False, True):
