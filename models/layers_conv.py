@@ -30,11 +30,18 @@ def conv_layout(x: Tensor) -> Tensor:
     return x
 
 
+def in_graph() -> bool:
+    """True while a tracer, compiler or exporter records a graph (``torch.jit.trace``, ``torch.compile``,
+    ``torch.export``, the ONNX export): eager-only shortcuts (frame loops, kept buffers, in-place steps) stand
+    aside so the graph keeps the plain ops."""
+    return (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+            or torch.onnx.is_in_onnx_export())
+
+
 def eager_no_grad() -> bool:
-    """True where no gradient is recorded and no tracer, compiler or exporter is looking (``out=`` writes, in-place
-    steps and cached tensors are then safe; a traced graph, e.g. the ONNX export's, keeps the plain ops)."""
-    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling()
-                or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export())
+    """True where no gradient is recorded and no graph is being recorded (:func:`in_graph`): ``out=`` writes,
+    in-place steps and cached tensors are then safe."""
+    return not (torch.is_grad_enabled() or in_graph())
 
 
 def cat_layout(tensors: list[Tensor], dim: int = 1) -> Tensor:
@@ -261,7 +268,7 @@ class Upsample(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B * D, C, H, W) -> (B * D, C, sH, sW)."""
-        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        if torch.is_grad_enabled() and not in_graph():
             release_upsample_buffers()  # training: inference-only memory goes back (eager Python, not traced)
         for i, f in enumerate(self.factors):
             conv = self.get_submodule(str(5 * i))

@@ -32,7 +32,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from models.layers_attention import RTMSA
-from models.layers_conv import Upsample, conv_act, eager_no_grad, frame_conv
+from models.layers_conv import Upsample, conv_act, frame_conv, in_graph
 from models.layers_deform_attn import GuidedDeformAttnPack
 from models.layers_warp import flow_warp
 from models.net_io import NetIO
@@ -354,9 +354,7 @@ class RVRT(nn.Module):
         n, t = feats.shape[:2]
         x = self.reconstruction(feats).flatten(0, 1)
         x = conv_act(self.conv_before_upsampler[0], x, 0.1)
-        with torch.no_grad():
-            eager = eager_no_grad()  # no tracer, compiler or exporter looking (a traced graph keeps all frames)
-        if eager and x.device.type == 'cpu':
+        if not in_graph() and x.device.type == 'cpu':  # a traced graph keeps all frames
             # one frame at a time through the upsampler: its activations (64 channels at 4x, 16 MiB a 64 x 64 frame)
             # stay under glibc's 32 MiB mmap ceiling, so freed memory is reused instead of fresh pages faulted in.
             # Without autograd the same bits; in training the weight gradients sum the frames in another order

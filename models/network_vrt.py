@@ -27,7 +27,7 @@ from einops.layers.torch import Rearrange
 from torch import Tensor, nn
 
 from models.layers_attention import RTMSA, TMSAG, MlpGEGLU, Size3
-from models.layers_conv import FrameConv, Upsample
+from models.layers_conv import FrameConv, Upsample, in_graph
 from models.layers_deform_conv import DCNv2PackFlowGuided
 from models.layers_warp import flow_warp, pad
 from models.net_io import NetIO
@@ -453,7 +453,7 @@ class VRT(nn.Module):
         if not torch.is_grad_enabled():
             per_frame = 64 * self.upscale**2 * feat.shape[2] * feat.shape[3] * feat.element_size()
             step = max(1, HEAD_CHUNK_BYTES // per_frame)
-        elif feat.device.type == 'cpu' and not (torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        elif feat.device.type == 'cpu' and not in_graph():
             # training on the CPU: one frame at a time, so the head's activations and backward temporaries (16 MiB a
             # frame at 64 x 64 x 4, x4) stay below glibc's 32 MiB mmap ceiling and reuse heap memory instead of
             # being mapped and faulted in afresh (100 MB each for 6 frames): tiny train step 1.027x; the head's

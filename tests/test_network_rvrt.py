@@ -109,7 +109,7 @@ def test_mirror_flag_is_per_forward() -> None:
 def test_upsampler_takes_one_frame_at_a_time_on_the_cpu(monkeypatch) -> None:
     """In training as in evaluation the x4 upsampler runs frame by frame on the CPU (activations under glibc's mmap
     ceiling); the output is the batched upsampler's, bit for bit, and the gradients agree to rounding. A traced
-    graph (here: ``eager_no_grad`` reporting a tracer) keeps all frames in one call."""
+    graph (here: ``in_graph`` reporting a tracer) keeps all frames in one call."""
     x = torch.rand(1, 4, 3, 36, 36, generator=torch.Generator().manual_seed(5))
     results = []
     for traced in (False, True):
@@ -117,7 +117,7 @@ def test_upsampler_takes_one_frame_at_a_time_on_the_cpu(monkeypatch) -> None:
         calls = []
         net.upsampler.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
         if traced:
-            monkeypatch.setattr('models.network_rvrt.eager_no_grad', lambda: False)
+            monkeypatch.setattr('models.network_rvrt.in_graph', lambda: True)
         out = net(x)
         out.square().mean().backward()
         assert calls == ([4] if traced else [1, 1, 1, 1])
