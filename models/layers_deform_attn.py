@@ -60,9 +60,25 @@ def _pair(value: int | Sequence[int]) -> tuple[int, int]:
     return int(a), int(b)
 
 
+def _kv_halves(deformable_groups: int) -> int:
+    """Parts the kv channels are sampled in: keys and values apart (2) where no deformable group holds both."""
+    return 2 if deformable_groups % 2 == 0 else 1
+
+
+def _clip_frames(x: Tensor, clip_size: int) -> Tensor:
+    """(N, clip_size, C, H, W) -> (N * clip_size, clip_size, C, H, W): query frame j of clip i attends to the clip's
+    frames (j + n) % clip_size, n = 0..clip_size-1 (the reference operator's order). One contiguous copy, whatever
+    x's layout."""
+    n, clip, c, h, w = x.shape
+    j = torch.arange(clip_size, device=x.device)
+    order = (j.view(-1, 1) + j.view(1, -1)) % clip_size  # (clip_j, clip_n)
+    # index_select, not advanced indexing: its backward (index_add) sums in a fixed order at any thread count
+    return x.index_select(1, order.flatten()).reshape(n * clip_size, clip_size, c, h, w)
+
+
 def _attend_frames(
     q: Tensor,
-    kv_frames: Tensor,
+    kv_parts: tuple[Tensor, ...],
     offset: Tensor,
     kernel: tuple[int, int],
     stride: tuple[int, int],
@@ -82,13 +98,17 @@ def _attend_frames(
 
     Args:
         q: (B, C, H, W) queries.
-        kv_frames: (B, S, 2C, H, W) the S kv frames each query attends to.
+        kv_parts: the S kv frames each query attends to, (B, S, 2C, H, W), split along channels into
+            ``_kv_halves(G)`` parts (keys, values), each (B, S, 2C / parts, H, W) and best contiguous (sampled
+            without a copy).
         offset: (B, S * G * kh * kw * 2, H, W), (dy, dx) per frame, group and kernel point.
 
     Returns:
         (B, C, H, W).
     """
-    b, s, c2, h, w = kv_frames.shape
+    halves = len(kv_parts)
+    b, s, _, h, w = kv_parts[0].shape
+    c2 = sum(p.shape[2] for p in kv_parts)
     kh, kw = kernel
     kk = kh * kw
     g = deformable_groups
@@ -103,7 +123,6 @@ def _attend_frames(
     kj = torch.arange(kw, device=dev, dtype=dt) * dilation[1]
     base_y = (ki.view(kh, 1, 1, 1) + ys.view(1, 1, h, 1)).expand(kh, kw, h, w).reshape(kk, hw)
     base_x = (kj.view(1, kw, 1, 1) + xs.view(1, 1, 1, w)).expand(kh, kw, h, w).reshape(kk, hw)
-    halves = 2 if g % 2 == 0 else 1  # keys and values apart where no group holds both
     # positions (B, S, halves, G / halves, kk, (y, x), HW) in pixel indices, normalised in place to grid_sample's
     # [-1, 1] as (2 p + 1) / size - 1 (the same ops, and bits, as one axis at a time), then stacked (x, y) last
     # with the halves first, so that each half's grid is contiguous
@@ -114,7 +133,6 @@ def _attend_frames(
     # whole input and the two be summed; unbind's backward stacks them once
     pos_y, pos_x = (p.movedim(2, 0) for p in pos.unbind(5))
     grids = torch.stack((pos_x, pos_y), dim=-1).unbind(0)  # halves x (B, S, G / halves, kk, HW, 2)
-    kv_parts = kv_frames.chunk(halves, dim=2)
 
     def sample(part: int) -> Tensor:
         """Keys, values (or both, for an odd G) of kv part ``part``: (B, S, G / halves, 2C / G, kk, HW)."""
@@ -217,7 +235,8 @@ def _work_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _run(q: Tensor, kv_frames: Tensor, offset: Tensor, params: tuple, recompute: bool | None, compile: bool) -> Tensor:
+def _run(q: Tensor, kv_parts: tuple[Tensor, ...], offset: Tensor, params: tuple, recompute: bool | None,
+         compile: bool) -> Tensor:
     """Dtype/autocast policy, optional torch.compile and backward recomputation around :func:`_attend_frames`."""
     out_dtype = q.dtype
     work = _work_dtype(q)
@@ -227,11 +246,12 @@ def _run(q: Tensor, kv_frames: Tensor, offset: Tensor, params: tuple, recompute:
             _COMPILED['fn'] = torch.compile(_attend_frames, dynamic=True)
         fn = _COMPILED['fn']  # type: ignore[assignment]
     with autocast_off(q.device):
-        args = (q.to(work), kv_frames.to(work), offset.to(work), *params)
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in args[:3])
+        parts = tuple(p.to(work) for p in kv_parts)
+        args = (q.to(work), parts, offset.to(work), *params)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (args[0], *parts, args[2]))
         if recompute is None:  # by the bytes of the sampled keys/values, kh * kw samples of each kv frame
             kh, kw = params[0]
-            recompute = kv_frames.numel() * kh * kw * args[1].element_size() > RECOMPUTE_ABOVE_BYTES
+            recompute = sum(p.numel() for p in parts) * kh * kw * parts[0].element_size() > RECOMPUTE_ABOVE_BYTES
         if needs_grad and recompute:
             out = checkpoint(fn, *args, use_reentrant=False)
         else:
@@ -279,7 +299,19 @@ def deform_attn(
         Tensor with ``q``'s shape and dtype.
     """
     _check(kv.dim() == 5, f'kv must be (N, clip_size, 2C, H, W), got shape {tuple(kv.shape)}')
-    n, clip, c2, h, w = kv.shape
+    _check_shapes(q, tuple(kv.shape), offset, kernel_h, kernel_w, attention_heads, deformable_groups, clip_size)
+    parts = tuple(_clip_frames(p, clip_size) for p in kv.chunk(_kv_halves(deformable_groups), dim=2))
+    params = ((kernel_h, kernel_w), _pair(stride), _pair(padding), _pair(dilation), attention_heads,
+              deformable_groups)
+    b, _, c2, h, w = parts[0].shape
+    out = _run(q.reshape(b, c2 * len(parts) // 2, h, w), parts, offset, params, recompute, compile)
+    return out.view(q.shape)
+
+
+def _check_shapes(q: Tensor, kv_shape: tuple[int, ...], offset: Tensor, kernel_h: int, kernel_w: int,
+                  attention_heads: int, deformable_groups: int, clip_size: int) -> None:
+    """Refuse, in one line each, arguments :func:`deform_attn` cannot compute (``kv_shape``: (N, clip, 2C, H, W))."""
+    n, clip, c2, h, w = kv_shape
     _check(clip == clip_size, f'kv has {clip} frames per clip but clip_size={clip_size}')
     _check(c2 % 2 == 0, f'kv channels must be 2C (keys then values), got {c2}')
     c = c2 // 2
@@ -291,15 +323,6 @@ def deform_attn(
     per_block = deformable_groups * kernel_h * kernel_w * 2
     _check(tuple(offset.shape) == (b, clip_size * per_block, h, w),
            f'offset must be {(b, clip_size * per_block, h, w)}, got {tuple(offset.shape)}')
-    # query frame j of clip i attends to kv frames (j + n) % clip_size, n = 0..clip_size-1
-    j = torch.arange(clip_size, device=kv.device)
-    order = (j.view(-1, 1) + j.view(1, -1)) % clip_size  # (clip_j, clip_n)
-    # index_select, not advanced indexing: its backward (index_add) sums in a fixed order at any thread count
-    kv_frames = kv.index_select(1, order.flatten()).reshape(b, clip_size, c2, h, w)
-    params = ((kernel_h, kernel_w), _pair(stride), _pair(padding), _pair(dilation), attention_heads,
-              deformable_groups)
-    out = _run(q.reshape(b, c, h, w), kv_frames, offset, params, recompute, compile)
-    return out.view(q.shape)
 
 
 class ChannelsLast(nn.Module):
@@ -332,6 +355,11 @@ class _DeformAttnGeometry(nn.Module):
         self.attention_heads = attention_heads
         self.clip_size = clip_size
         self.stride, self.padding, self.dilation = 1, self.kernel_h // 2, 1
+
+    def _params(self) -> tuple:
+        """The geometry as :func:`_run` takes it."""
+        return ((self.kernel_h, self.kernel_w), (self.stride,) * 2, (self.padding,) * 2, (self.dilation,) * 2,
+                self.attention_heads, self.deformable_groups)
 
 
 class DeformAttnPack(_DeformAttnGeometry):
@@ -381,9 +409,8 @@ class DeformAttnPack(_DeformAttnGeometry):
         """
         offset = self.conv_offset(torch.cat([q.flatten(1, 2), k.flatten(1, 2)], dim=1))
         kv = torch.cat([self.proj_k(k), self.proj_v(v)], dim=2)
-        params = ((self.kernel_h, self.kernel_w), (self.stride,) * 2, (self.padding,) * 2, (self.dilation,) * 2,
-                  self.attention_heads, self.deformable_groups)
-        out = _run(self.proj_q(q)[:, 0], kv, offset, params, None, False).unsqueeze(1)
+        parts = tuple(kv.chunk(_kv_halves(self.deformable_groups), dim=2))
+        out = _run(self.proj_q(q)[:, 0], parts, offset, self._params(), None, False).unsqueeze(1)
         return out + self.mlp(out)
 
 
@@ -480,10 +507,15 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
             blocks.append(o.view(n, t, -1, 2, h, w) + flow.to(work).flip(2).unsqueeze(2))
         offset = torch.cat([o.flatten(2, 3) for o in blocks], dim=2).flatten(0, 1)  # (N*T, 2*G*kk*2, H, W)
         qp = self.proj_q(q)
-        kv = torch.cat([self.proj_k(k), self.proj_v(v)], dim=2)
-        out = deform_attn(qp.flatten(0, 1), kv, offset, self.kernel_h, self.kernel_w, self.stride, self.padding,
-                          self.dilation, self.attention_heads, self.deformable_groups, self.clip_size,
-                          recompute=self.recompute, compile=self.compile)
+        # deform_attn's kv frames built from the projections: for an even G the keys and the values each copied once
+        # into the contiguous frame order the sampling reads (a cat, the frame order and the halves' copies were
+        # three copies of all of them)
+        keys, values = self.proj_k(k), self.proj_v(v)
+        _check_shapes(qp.flatten(0, 1), (n, t, 2 * self.proj_channels, h, w), offset, self.kernel_h, self.kernel_w,
+                      self.attention_heads, self.deformable_groups, self.clip_size)
+        kv = (keys, values) if _kv_halves(self.deformable_groups) == 2 else (torch.cat([keys, values], dim=2),)
+        parts = tuple(_clip_frames(p, self.clip_size) for p in kv)
+        out = _run(qp.flatten(0, 1), parts, offset, self._params(), self.recompute, self.compile)
         out = self.proj(out.view(n, t, self.proj_channels, h, w))
         out = out + self.mlp(out)
         if not return_updateflow:

@@ -249,6 +249,32 @@ def test_guided_pack_keys_shapes_and_flow_guidance():
     assert m(q, k, v, warped, flows, False).shape == (n, t, c, h, w)
 
 
+@pytest.mark.parametrize("groups", [4, 3])
+def test_guided_pack_attends_as_deform_attn_on_its_projections(monkeypatch, groups):
+    """GuidedDeformAttnPack hands the core its key and value projections as the kv frames (for an even G each copied
+    once, contiguous, apart): the same bits as deform_attn on the concatenated projections."""
+    torch.manual_seed(0)
+    c, heads = 6, 4
+    m = GuidedDeformAttnPack(c, c, deformable_groups=groups, attention_heads=heads, clip_size=2)
+    torch.nn.init.normal_(m.conv_offset[-1].weight, std=0.1)  # off the pixel grid
+    q, k, v, *warped = (torch.randn(1, 2, c, 5, 6) for _ in range(5))
+    flows = [torch.randn(1, 2, 2, 5, 6) for _ in range(2)]
+    calls = []
+    run = layers_deform_attn._run
+
+    def spy(q_, parts, offset, *rest):
+        out = run(q_, parts, offset, *rest)
+        calls.append((parts, offset, out))
+        return out
+
+    monkeypatch.setattr(layers_deform_attn, "_run", spy)
+    m(q, k, v, warped, flows, False)
+    parts, offset, out = calls[0]
+    assert len(parts) == (2 if groups % 2 == 0 else 1) and all(p.is_contiguous() for p in parts)
+    kv = torch.cat([m.proj_k(k), m.proj_v(v)], dim=2)
+    assert torch.equal(out, deform_attn(m.proj_q(q).flatten(0, 1), kv, offset, 3, 3, 1, 1, 1, heads, groups, 2))
+
+
 def test_deform_attn_pack():
     m = DeformAttnPack(8, 8, attention_window=(3, 3), deformable_groups=4, attention_heads=2, clip_size=2)
     keys = {k: tuple(v.shape) for k, v in m.state_dict().items()}
