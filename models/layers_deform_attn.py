@@ -39,7 +39,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.layers_conv import frame_conv
+from models.layers_conv import eager_no_grad, frame_conv
 from models.layers_warp import autocast_off, grid_sample
 
 logger = logging.getLogger(__name__)
@@ -501,11 +501,14 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
         raw = self._offset_net(x).view(n, t, -1, h, w)
         # offsets in fp32 even under autocast: residue (up to 10 px) plus the flow needs sub-pixel precision
         work = _work_dtype(raw)
-        offsets = self.max_residue_magnitude * torch.tanh(raw.to(work))
-        blocks = []
-        for o, flow in zip(torch.chunk(offsets, 2, dim=2), flows):
-            blocks.append(o.view(n, t, -1, 2, h, w) + flow.to(work).flip(2).unsqueeze(2))
-        offset = torch.cat([o.flatten(2, 3) for o in blocks], dim=2).flatten(0, 1)  # (N*T, 2*G*kk*2, H, W)
+        offsets = torch.tanh(raw.to(work))
+        # in place where nothing keeps tanh's output for backward; the same op (and bits) as a new product
+        offsets = offsets.mul_(self.max_residue_magnitude) if eager_no_grad() else offsets * self.max_residue_magnitude
+        # each block's flow, flipped to (dy, dx), added to its (group, kernel point) pairs: both blocks in one sum,
+        # which is already the (N*T, 2*G*kk*2, H, W) offset (no concatenation of the two blocks)
+        flow_pair = torch.stack(flows, dim=2).to(work).flip(3).unsqueeze(3)  # (N, T, 2, 1, (dy, dx), H, W)
+        offset6 = offsets.view(n, t, 2, -1, 2, h, w) + flow_pair
+        offset = offset6.view(n * t, -1, h, w)
         qp = self.proj_q(q)
         # deform_attn's kv frames built from the projections: for an even G the keys and the values each copied once
         # into the contiguous frame order the sampling reads (a cat, the frame order and the halves' copies were
@@ -520,5 +523,5 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
         out = out + self.mlp(out)
         if not return_updateflow:
             return out
-        flow1, flow2 = (o.mean(2).flip(2) for o in blocks)
+        flow1, flow2 = (o.mean(2).flip(2) for o in offset6.unbind(2))
         return out, flow1, flow2
