@@ -11,7 +11,10 @@ kernels on every device VRT and RVRT run on.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -20,43 +23,104 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+def _single_threaded() -> None:
+    torch.get_num_threads()  # this thread's OpenMP/MKL settings first: its first parallel op would reset them
+    torch.set_num_threads(1)
+
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _workers(count: int) -> ThreadPoolExecutor:
+    """``count`` Python threads running torch ops on one OpenMP thread each, started once per process (a forked
+    child gets its own: the parent's threads do not exist there)."""
+    key = (os.getpid(), count)
+    with _POOLS_LOCK:
+        if key in _POOLS:
+            return _POOLS[key]
+        threads = torch.get_num_threads()
+        pool = ThreadPoolExecutor(count, thread_name_prefix='attention-backward', initializer=_single_threaded)
+        started = threading.Barrier(count)  # every worker set up before the default is given back below
+        list(pool.map(lambda _: started.wait(), range(count)))
+        torch.set_num_threads(threads)  # set_num_threads(1) in a worker also set the default of threads to come
+        _POOLS[key] = pool
+        return pool
+
+
+def _in_parallel() -> bool:
+    """Whether backward's parts may run on worker threads: several OpenMP threads here, and no dispatch or function
+    mode (a mode is thread-local: the parts then run one after another here, with the same bits)."""
+    return (torch.get_num_threads() > 1 and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
 class _BiasedAttention(torch.autograd.Function):
     """Attention with a trainable additive bias that stores no (N x N) matrix for backward.
 
     Forward is ``F.scaled_dot_product_attention`` (the fused kernel); backward recomputes the probabilities chunk by
     chunk (FlashAttention's recipe, with the row term ``rowsum(dO * O)``) and returns the gradients of q, k, v and
     the bias. Shapes: q, k, v (B, H, N, d); bias (1, H, N, N), broadcast over B.
+
+    With several OpenMP threads, backward cuts the samples into one part per thread and runs each part on a worker
+    thread of one OpenMP thread, in chunks that fit a core's L2 cache; each part sums its own bias gradient and the
+    parts' sums are added in order, so the bits depend on the thread count only (deterministic mode stays
+    bit-exact). At VRT's head dims 8-12 every per-chunk pass is memory-bound: 8 MB chunks on two OpenMP threads
+    streamed from the L3 cache, 2 MB chunks a core do not (the tiny preset's backward shapes 355 -> 241 ms;
+    benchmarks/RESULTS.md, "VRT speed by profiling, session 7"). The parts also take less memory at two threads
+    than one part of 8 MB chunks: :meth:`backward_bytes` counts them.
     """
 
-    # Scores per backward chunk: as many whole samples as fit in _CHUNK_ELEMENTS (8 MB of fp32), else spans of one
-    # sample's heads up to that size. VRT's windows are the batch axis (B = windows x clips, 3-6 heads), and one
-    # sample per chunk made hundreds of tiny matrix products per call at its 64- and 128-token windows, each a
-    # parallel region (with OMP_WAIT_POLICY=PASSIVE, a wake-up). Two chunks are alive at once: the scratch that
-    # backward_bytes counts and models/memory_plan.py adds to its estimate (benchmarks/RESULTS.md, "VRT speed by
-    # profiling, continued" and its session-4 sequel).
+    # Scores per backward chunk with one part: as many whole samples as fit in _CHUNK_ELEMENTS (8 MB of fp32), else
+    # spans of one sample's heads up to that size. VRT's windows are the batch axis (B = windows x clips, 3-6
+    # heads), and one sample per chunk made hundreds of tiny matrix products per call at its 64- and 128-token
+    # windows, each a parallel region (with OMP_WAIT_POLICY=PASSIVE, a wake-up). Two chunks are alive at once.
     _CHUNK_ELEMENTS = 1 << 21
+    # Scores per chunk of a part on one OpenMP thread: 2 MB of fp32, a Sapphire Rapids core's L2 (1 << 18 and
+    # 1 << 20 were slower; benchmarks/RESULTS.md, "VRT speed by profiling, session 7").
+    _PART_CHUNK_ELEMENTS = 1 << 19
+    # Scores of a call below which one part runs: handing parts to the workers costs ~0.3 ms a call, more than
+    # it gains on small calls (a (12, 3, 128, 8) backward 3.8 ms in parts vs 3.4 ms; (4, 3, 384, 8) 6.7 vs 7.2 ms).
+    _PARTS_ABOVE = 1 << 20
 
     @staticmethod
-    def chunking(b: int, heads: int, n: int) -> tuple[int, int]:
-        """(samples, heads) per backward chunk of a (b, heads, n, d) call."""
-        step = max(1, _BiasedAttention._CHUNK_ELEMENTS // (n * n))  # heads per chunk
+    def chunking(b: int, heads: int, n: int, elements: int | None = None) -> tuple[int, int]:
+        """(samples, heads) per backward chunk of a (b, heads, n, d) call, with at most ``elements`` scores
+        (default ``_CHUNK_ELEMENTS``)."""
+        step = max(1, (elements or _BiasedAttention._CHUNK_ELEMENTS) // (n * n))  # heads per chunk
         samples = max(1, step // heads) if step >= heads else 1
         return min(samples, b), min(step, heads)
 
     @staticmethod
+    def parts(b: int, heads: int, n: int, threads: int | None = None) -> tuple[list[slice], int, int]:
+        """How backward cuts a (b, heads, n, d) call at ``threads`` OpenMP threads (default: this thread's): the
+        sample range of each part, and (samples, heads) per chunk. One part (in ``_CHUNK_ELEMENTS`` chunks) at one
+        thread, below ``_PARTS_ABOVE`` scores, or where the samples make fewer than two chunks."""
+        threads = torch.get_num_threads() if threads is None else threads
+        samples, step = _BiasedAttention.chunking(b, heads, n, _BiasedAttention._PART_CHUNK_ELEMENTS)
+        chunks = -(-b // samples)
+        if threads < 2 or chunks < 2 or b * heads * n * n < _BiasedAttention._PARTS_ABOVE:
+            return [slice(0, b)], *_BiasedAttention.chunking(b, heads, n)
+        size = -(-chunks // min(threads, chunks)) * samples  # whole chunks per part
+        return [slice(i, min(i + size, b)) for i in range(0, b, size)], samples, step
+
+    @staticmethod
     def backward_bytes(q_shape: tuple[int, ...], v_shape: tuple[int, ...], element_size: int = 4,
-                       strided: bool = False) -> int:
-        """Bytes that :meth:`backward` allocates at its peak for a (B, H, N, d) call: the gradients of q, k, v and
-        the bias, the contiguous incoming gradient, the row term, and two chunks of (N x N) scores plus a chunk's
-        bias-gradient sum; with ``strided`` (q, k, v not contiguous, e.g. views of one qkv projection), their
-        contiguous copies too."""
+                       strided: bool = False, threads: int | None = None, at_once: int | None = None) -> int:
+        """Bytes that :meth:`backward` allocates at its peak for a (B, H, N, d) call at ``threads`` OpenMP threads
+        (default: this thread's): the gradients of q, k, v and the bias, the contiguous incoming gradient, the row
+        term, every part's bias-gradient sum but the first's, and for each part running at once (``at_once``,
+        default all of them) two chunks of (N x N) scores plus a chunk's bias-gradient sum; with ``strided`` (q, k,
+        v not contiguous, e.g. views of one qkv projection), their contiguous copies too."""
         b, heads, n, d = q_shape
-        samples, hs = _BiasedAttention.chunking(b, heads, n)
+        ranges, samples, hs = _BiasedAttention.parts(b, heads, n, threads)
+        running = len(ranges) if at_once is None else min(at_once, len(ranges))
         values = b * heads * n * v_shape[-1]
         grads = 2 * b * heads * n * d + values + heads * n * n
         copies = 2 * b * heads * n * d + values if strided else 0
-        scratch = 2 * samples * hs * n * n + hs * n * n
-        return element_size * (grads + copies + values + b * heads * n + scratch)
+        partials = (len(ranges) - 1) * heads * n * n
+        scratch = running * (2 * samples * hs * n * n + hs * n * n)
+        return element_size * (grads + copies + values + b * heads * n + partials + scratch)
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
@@ -67,41 +131,60 @@ class _BiasedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    def _part(tensors: tuple[Tensor, ...], grads: tuple[Tensor, ...], grad_bias: Tensor, rows: slice,
+              samples: int, step: int, scale: float) -> None:
+        """The gradients of samples ``rows``: q, k, v's into ``grads``, the bias's summed over them into
+        ``grad_bias``."""
+        q, k, v, bias, grad_out, row = tensors
+        grad_q, grad_k, grad_v = grads
+        heads, n = q.shape[1], q.shape[2]
+        with torch.no_grad():  # grad mode is thread-local: on a worker thread it is on
+            for i0 in range(rows.start, rows.stop, samples):
+                rs = slice(i0, min(i0 + samples, rows.stop))
+                count = rs.stop - i0
+                for h0 in range(0, heads, step):
+                    hs = slice(h0, min(h0 + step, heads))
+                    qh, kh, vh, go = (t[rs, hs].flatten(0, 1) for t in (q, k, v, grad_out))  # (S * h, N, d)
+                    scores = q.new_empty(qh.shape[0], n, n)  # (S * h, N, N): the bias over S samples (one copy
+                    scores.view(count, -1, n, n).copy_(bias[:, hs].expand(count, -1, n, n))  # pass, not repeat)
+                    probs = scores.baddbmm_(qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
+                    del scores  # two chunks alive at most
+                    torch.bmm(probs.transpose(-2, -1), go, out=grad_v[rs, hs].flatten(0, 1))
+                    grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[rs, hs].flatten(0, 1)).mul_(probs)
+                    per_sample, target = grad_s.view(count, -1, n, n), grad_bias[0, hs]
+                    if i0 == rows.start:  # what 0 + this chunk's sum gives, without zero-filling the sum first
+                        torch.sum(per_sample, 0, out=target) if count > 1 else target.copy_(grad_s)
+                    else:
+                        target += per_sample.sum(0) if count > 1 else grad_s
+                    torch.baddbmm(grad_q[rs, hs].flatten(0, 1), grad_s, kh, beta=0, alpha=scale,
+                                  out=grad_q[rs, hs].flatten(0, 1))
+                    torch.baddbmm(grad_k[rs, hs].flatten(0, 1), grad_s.transpose(-2, -1), qh, beta=0, alpha=scale,
+                                  out=grad_k[rs, hs].flatten(0, 1))
+                    del probs, grad_s, per_sample  # the next chunk's scores come next: two chunks alive, not three
+
+    @staticmethod
     def backward(ctx, grad_out: Tensor):
         q, k, v, bias, out = ctx.saved_tensors
         # contiguous once: views of one qkv projection made every chunk of several samples copy its q, k and v
         # (hundreds of small strided copies a step; benchmarks/RESULTS.md, "VRT speed by profiling, session 6")
         q, k, v = (t.contiguous() for t in (q, k, v))
-        scale = ctx.scale
         b, heads, n, _ = q.shape
         grad_out = grad_out.contiguous()
         row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, N, 1) = rowsum(dP * P)
-        grad_q, grad_k, grad_v = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous
-        grad_bias = torch.empty_like(bias)  # the first chunk of samples writes it, the others add
-        samples, step = _BiasedAttention.chunking(b, heads, n)
-        for i0 in range(0, b, samples):
-            rows = slice(i0, min(i0 + samples, b))
-            count = rows.stop - i0
-            for h0 in range(0, heads, step):
-                hs = slice(h0, min(h0 + step, heads))
-                qh, kh, vh, go = (t[rows, hs].flatten(0, 1) for t in (q, k, v, grad_out))  # (S * h, N, d)
-                scores = q.new_empty(qh.shape[0], n, n)  # (S * h, N, N): the bias over S samples (one copy pass,
-                scores.view(count, -1, n, n).copy_(bias[:, hs].expand(count, -1, n, n))  # faster than repeat)
-                probs = scores.baddbmm_(qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
-                del scores  # two chunks alive at most
-                torch.bmm(probs.transpose(-2, -1), go, out=grad_v[rows, hs].flatten(0, 1))
-                grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[rows, hs].flatten(0, 1)).mul_(probs)
-                per_sample, target = grad_s.view(count, -1, n, n), grad_bias[0, hs]
-                if i0 == 0:  # what 0 + this chunk's sum gives, without zero-filling grad_bias first
-                    torch.sum(per_sample, 0, out=target) if count > 1 else target.copy_(grad_s)
-                else:
-                    target += per_sample.sum(0) if count > 1 else grad_s
-                torch.baddbmm(grad_q[rows, hs].flatten(0, 1), grad_s, kh, beta=0, alpha=scale,
-                              out=grad_q[rows, hs].flatten(0, 1))
-                torch.baddbmm(grad_k[rows, hs].flatten(0, 1), grad_s.transpose(-2, -1), qh, beta=0, alpha=scale,
-                              out=grad_k[rows, hs].flatten(0, 1))
-                del probs, grad_s  # before the next chunk's scores: two chunks alive at most, not four
-        return grad_q, grad_k, grad_v, grad_bias, None
+        grads = tuple(t.new_empty(t.shape) for t in (q, k, v))  # contiguous
+        ranges, samples, step = _BiasedAttention.parts(b, heads, n)
+        sums = [torch.empty_like(bias) for _ in ranges]  # each part writes its own, the first is the result
+        work = [((q, k, v, bias, grad_out, row), grads, total, rows, samples, step, ctx.scale)
+                for total, rows in zip(sums, ranges)]
+        if len(work) > 1 and _in_parallel():
+            for done in [_workers(len(work)).submit(_BiasedAttention._part, *w) for w in work]:
+                done.result()
+        else:
+            for w in work:
+                _BiasedAttention._part(*w)
+        for part in sums[1:]:  # in order: the same bits at every run
+            sums[0] += part
+        return *grads, sums[0], None
 
 
 # The memory-efficient CUDA kernel (the one that takes a trainable additive mask) needs the head dim to be a multiple

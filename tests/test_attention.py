@@ -7,6 +7,7 @@ with the plain path; the calls that reach SDPA are recorded to show that the for
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -144,6 +145,58 @@ def test_bias_backward_equals_autograd_of_the_formula(batch: int, heads: int, ch
     assert [c['path'] for c in sdpa_calls] == ['biased']
     expected = run(lambda q, k, v, m: (q @ k.transpose(-2, -1) * 0.3 + m).softmax(-1) @ v, torch.float64)
     _assert_close_all(got, expected, 2e-6, ['output', 'grad q', 'grad k', 'grad v', 'grad mask'])
+
+
+def test_bias_backward_in_parts_on_worker_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At two OpenMP threads the backward cuts the samples into two parts (each in chunks of whole samples, 7 =
+    (2 + 2) + (2 + 1)) and runs them on worker threads of one OpenMP thread each: the gradients agree with autograd
+    through the formula in float64, equal bit for bit the same parts run one after another (as under a dispatch
+    mode), and the caller and threads started later keep two threads."""
+    monkeypatch.setattr(layers_sdpa._BiasedAttention, '_PART_CHUNK_ELEMENTS', 2 * 3 * 256)  # N = 16: 2 samples
+    monkeypatch.setattr(layers_sdpa._BiasedAttention, '_PARTS_ABOVE', 0)
+    inputs = _qkv_mask(heads=3, n=16, hd=8, batch=7)
+    upstream = torch.randn(7, 3, 16, 8, generator=torch.Generator().manual_seed(9))
+    seen: list[tuple[str, int, range]] = []
+    part = layers_sdpa._BiasedAttention._part
+
+    def recording(tensors, grads, grad_bias, rows, *rest):
+        seen.append((threading.current_thread().name, torch.get_num_threads(), range(rows.start, rows.stop)))
+        part(tensors, grads, grad_bias, rows, *rest)
+
+    monkeypatch.setattr(layers_sdpa._BiasedAttention, '_part', staticmethod(recording))
+
+    def run(fn: Callable[..., Tensor], dtype: torch.dtype) -> list[Tensor]:
+        leaves = [t.to(dtype, copy=True).requires_grad_() for t in inputs]
+        fn(*leaves).backward(upstream.to(dtype))
+        return [t.grad.float() for t in leaves]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        parallel = run(lambda q, k, v, m: attention(q, k, v, m, 0.3), torch.float32)
+        workers, seen[:] = list(seen), []
+        with _Noop():  # a dispatch mode is thread-local: the parts then run here, one after another
+            serial = run(lambda q, k, v, m: attention(q, k, v, m, 0.3), torch.float32)
+        later: list[int] = []  # a thread started afterwards takes the process default, which must still be 2
+        probe = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        probe.start()
+        probe.join()
+        assert torch.get_num_threads() == 2 and later == [2]
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted((r.start, r.stop) for _, _, r in workers) == [(0, 4), (4, 7)]
+    assert all(name.startswith('attention-backward') and count == 1 for name, count, _ in workers), workers
+    assert len({name for name, _, _ in workers}) == 2
+    assert all(name == threading.main_thread().name for name, _, _ in seen) and len(seen) == 2
+    for name, a, b in zip(['grad q', 'grad k', 'grad v', 'grad mask'], parallel, serial):
+        assert torch.equal(a, b), name
+    expected = run(lambda q, k, v, m: (q @ k.transpose(-2, -1) * 0.3 + m).softmax(-1) @ v, torch.float64)
+    _assert_close_all(parallel, expected, 2e-6, ['grad q', 'grad k', 'grad v', 'grad mask'])
+
+
+class _Noop(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
 def test_shifted_window_gather_equals_roll_and_partition(fresh_cache) -> None:

@@ -173,13 +173,15 @@ def test_meta_pass_counts_what_a_real_pass_saves(recipes: dict[str, dict], monke
     assert abs(meta.activations / cpu.activations - 1) < 0.01
 
 
-@pytest.mark.parametrize('layout', ['contiguous', 'qkv views'])
-def test_estimate_counts_the_cpu_attention_backward(recipes: dict[str, dict], layout: str) -> None:
+@pytest.mark.parametrize(('layout', 'threads'), [('contiguous', 1), ('qkv views', 1), ('qkv views', 2)])
+def test_estimate_counts_the_cpu_attention_backward(recipes: dict[str, dict], layout: str, threads: int) -> None:
     """The CPU's trainable-bias attention backward allocates its gradients and two chunks of scores (8 MB each),
     and contiguous copies of q, k, v where they are views of one qkv projection (the window attention's):
     ``backward_scratch_bytes`` bounds what one backward allocates (within 20% of it), and the CPU estimate's
     transient covers the largest such backward of the demo's step (the demo's largest calls allocate more there
-    than twice its largest tensor)."""
+    than twice its largest tensor). At two threads backward runs two parts with their own chunks and bias-gradient
+    sums; the allocations are measured with the parts one after another (a dispatch mode keeps them on this
+    thread), and the count of both parts at once adds the second part's chunks to that."""
     gen = torch.Generator().manual_seed(0)
     if layout == 'contiguous':
         q, k, v = (torch.rand(64, 3, 128, 12, generator=gen, requires_grad=True) for _ in range(3))
@@ -189,14 +191,24 @@ def test_estimate_counts_the_cpu_attention_backward(recipes: dict[str, dict], la
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         inputs = (qkv,)
     bias = torch.rand(1, 3, 128, 128, generator=gen, requires_grad=True)
-    out = layers_sdpa.attention(q, k, v, bias, 12 ** -0.5)
-    grad = torch.rand(out.shape, generator=gen)
-    live = _LiveBytes(0)
-    live.seen.update(t.untyped_storage()._cdata for t in (*inputs, bias, out, grad))  # views of these are not new
-    with live:
-        torch.autograd.grad(out, (q, k, v, bias), grad)
-    counted = layers_sdpa.backward_scratch_bytes(q, v, bias)
-    assert 0.8 * counted <= live.peak <= counted, (live.peak, counted)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = layers_sdpa.attention(q, k, v, bias, 12 ** -0.5)
+        grad = torch.rand(out.shape, generator=gen)
+        live = _LiveBytes(0)
+        live.seen.update(t.untyped_storage()._cdata for t in (*inputs, bias, out, grad))  # views of these are not new
+        with live:
+            torch.autograd.grad(out, (q, k, v, bias), grad)
+        one_at_once = layers_sdpa._BiasedAttention.backward_bytes(tuple(q.shape), tuple(v.shape), 4,
+                                                                  layout != 'contiguous', at_once=1)
+        counted = layers_sdpa.backward_scratch_bytes(q, v, bias)
+        ranges, samples, heads = layers_sdpa._BiasedAttention.parts(64, 3, 128)
+    finally:
+        torch.set_num_threads(before)
+    assert len(ranges) == threads
+    assert 0.8 * one_at_once <= live.peak <= one_at_once, (live.peak, one_at_once)
+    assert counted == one_at_once + (threads - 1) * 4 * (2 * samples + 1) * heads * 128 * 128
 
     with layers_sdpa.record_attention_calls() as calls:
         estimate = estimate_peak_memory(recipes['vrt_demo'], 'cpu', 'none', micro_batch=1)
