@@ -66,9 +66,10 @@ class _BiasedAttention(torch.autograd.Function):
     thread of one OpenMP thread, in chunks that fit a core's L2 cache; each part sums its own bias gradient and the
     parts' sums are added in order, so the bits depend on the thread count only (deterministic mode stays
     bit-exact). At VRT's head dims 8-12 every per-chunk pass is memory-bound: 8 MB chunks on two OpenMP threads
-    streamed from the L3 cache, 2 MB chunks a core do not (the tiny preset's backward shapes 355 -> 241 ms;
-    benchmarks/RESULTS.md, "VRT speed by profiling, session 7"). The parts also take less memory at two threads
-    than one part of 8 MB chunks: :meth:`backward_bytes` counts them.
+    streamed from the L3 cache, 2 MB chunks a core do not (five tiny-preset backward shapes 345 -> 232 ms, a VRT
+    001 one 220 -> 180 ms; benchmarks/RESULTS.md, "VRT speed by profiling, session 7"). Memory: at two threads the
+    parts' chunks and second bias-gradient sum take less than one part's 8 MB chunks; :meth:`backward_bytes`
+    counts them for every part at once (it grows with the thread count).
     """
 
     # Scores per backward chunk with one part: as many whole samples as fit in _CHUNK_ELEMENTS (8 MB of fp32), else
