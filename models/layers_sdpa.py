@@ -137,30 +137,30 @@ class _BiasedAttention(torch.autograd.Function):
         """The gradients of samples ``rows``: q, k, v's into ``grads``, the bias's summed over them into
         ``grad_bias``."""
         q, k, v, bias, grad_out, row = tensors
-        grad_q, grad_k, grad_v = grads
         heads, n = q.shape[1], q.shape[2]
+        # (B * H, ...) views: a chunk of whole samples is one slice of each (fewer ops a chunk to dispatch)
+        flat = [t.flatten(0, 1) for t in (q, k, v, grad_out, row, *grads)]
         with torch.no_grad():  # grad mode is thread-local: on a worker thread it is on
             for i0 in range(rows.start, rows.stop, samples):
-                rs = slice(i0, min(i0 + samples, rows.stop))
-                count = rs.stop - i0
+                count = min(samples, rows.stop - i0)
                 for h0 in range(0, heads, step):
                     hs = slice(h0, min(h0 + step, heads))
-                    qh, kh, vh, go = (t[rs, hs].flatten(0, 1) for t in (q, k, v, grad_out))  # (S * h, N, d)
+                    # several samples come with all heads, so the chunk is one run of (sample, head) rows
+                    rs = slice(i0 * heads + h0, (i0 + count - 1) * heads + hs.stop)
+                    qh, kh, vh, go, r, gq, gk, gv = (t[rs] for t in flat)  # (S * h, N, d)
                     scores = q.new_empty(qh.shape[0], n, n)  # (S * h, N, N): the bias over S samples (one copy
                     scores.view(count, -1, n, n).copy_(bias[:, hs].expand(count, -1, n, n))  # pass, not repeat)
                     probs = scores.baddbmm_(qh, kh.transpose(-2, -1), alpha=scale).softmax(dim=-1)
                     del scores  # two chunks alive at most
-                    torch.bmm(probs.transpose(-2, -1), go, out=grad_v[rs, hs].flatten(0, 1))
-                    grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(row[rs, hs].flatten(0, 1)).mul_(probs)
+                    torch.bmm(probs.transpose(-2, -1), go, out=gv)
+                    grad_s = torch.bmm(go, vh.transpose(-2, -1)).sub_(r).mul_(probs)
                     per_sample, target = grad_s.view(count, -1, n, n), grad_bias[0, hs]
                     if i0 == rows.start:  # what 0 + this chunk's sum gives, without zero-filling the sum first
                         torch.sum(per_sample, 0, out=target) if count > 1 else target.copy_(grad_s)
                     else:
                         target += per_sample.sum(0) if count > 1 else grad_s
-                    torch.baddbmm(grad_q[rs, hs].flatten(0, 1), grad_s, kh, beta=0, alpha=scale,
-                                  out=grad_q[rs, hs].flatten(0, 1))
-                    torch.baddbmm(grad_k[rs, hs].flatten(0, 1), grad_s.transpose(-2, -1), qh, beta=0, alpha=scale,
-                                  out=grad_k[rs, hs].flatten(0, 1))
+                    torch.baddbmm(gq, grad_s, kh, beta=0, alpha=scale, out=gq)
+                    torch.baddbmm(gk, grad_s.transpose(-2, -1), qh, beta=0, alpha=scale, out=gk)
                     del probs, grad_s, per_sample  # the next chunk's scores come next: two chunks alive, not three
 
     @staticmethod
