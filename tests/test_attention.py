@@ -149,18 +149,21 @@ def test_bias_backward_equals_autograd_of_the_formula(batch: int, heads: int, ch
 
 def test_bias_backward_in_parts_on_worker_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """At two OpenMP threads the backward cuts the samples into two parts (each in chunks of whole samples, 7 =
-    (2 + 2) + (2 + 1)) and runs them on worker threads of one OpenMP thread each: the gradients agree with autograd
-    through the formula in float64, equal bit for bit the same parts run one after another (as under a dispatch
-    mode), and the caller and threads started later keep two threads."""
+    (2 + 2) + (2 + 1)) and runs them at once on two worker threads of one OpenMP thread each: the gradients agree
+    with autograd through the formula in float64, equal bit for bit the same parts run one after another (as under
+    a dispatch mode), and the caller and threads started later keep two threads."""
     monkeypatch.setattr(layers_sdpa._BiasedAttention, '_PART_CHUNK_ELEMENTS', 2 * 3 * 256)  # N = 16: 2 samples
     monkeypatch.setattr(layers_sdpa._BiasedAttention, '_PARTS_ABOVE', 0)
     inputs = _qkv_mask(heads=3, n=16, hd=8, batch=7)
     upstream = torch.randn(7, 3, 16, 8, generator=torch.Generator().manual_seed(9))
     seen: list[tuple[str, int, range]] = []
     part = layers_sdpa._BiasedAttention._part
+    both = threading.Barrier(2, timeout=60)  # the parts on workers must be running at the same time
 
     def recording(tensors, grads, grad_bias, rows, *rest):
         seen.append((threading.current_thread().name, torch.get_num_threads(), range(rows.start, rows.stop)))
+        if threading.current_thread() is not threading.main_thread():
+            both.wait()  # also keeps one worker from taking both parts when the first ends quickly
         part(tensors, grads, grad_bias, rows, *rest)
 
     monkeypatch.setattr(layers_sdpa._BiasedAttention, '_part', staticmethod(recording))

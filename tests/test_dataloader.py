@@ -1,15 +1,27 @@
-"""Batch split over processes, the resumable sampler and per-item seeding."""
+"""Batch split over processes, the resumable sampler, per-item seeding and a stalled loader's error."""
 
 from __future__ import annotations
 
+import faulthandler
+import multiprocessing
 import random
+import signal
+import time
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
 
-from utils.utils_dataloader import BatchSplitError, ResumableSampler, SeededItems, auto_accum_steps, split_batch
+from utils.utils_dataloader import (
+    BatchSplitError,
+    DataLoaderStallError,
+    ResumableSampler,
+    SeededItems,
+    auto_accum_steps,
+    next_batch,
+    split_batch,
+)
 
 
 def test_split_batch():
@@ -108,3 +120,43 @@ def test_every_split_of_a_global_batch_trains_the_same_items_at_every_step_and_r
                     for world2, per_process2, accum2 in splits:
                         resumed = _steps(n, world2, per_process2, accum2, shuffle, epoch, start_step=stop)
                         assert resumed == reference[stop:], (total, world, world2, per_process2, stop)
+
+
+def _stalled_worker(ready) -> None:
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # as worker_init_fn does: the stack on SIGUSR2
+    ready.set()
+    time.sleep(60)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGCHLD"), reason="POSIX signals")
+def test_a_stalled_loader_reports_the_stall_not_the_kill_of_its_worker():
+    """After a loader timeout the stalled worker is killed; torch's DataLoader answers a worker's death from its
+    SIGCHLD handler ("DataLoader worker (pid N) is killed by signal: Killed"), which must not replace the stall
+    error: here the handler raises as torch's does, and the worker's exit is signalled for sure before the test
+    ends (it is reaped, then the test waits)."""
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    worker = ctx.Process(target=_stalled_worker, args=(ready,), daemon=True)
+    worker.start()
+    assert ready.wait(30)
+
+    class Stalled:
+        _workers = [worker]
+
+        def __next__(self):
+            raise RuntimeError("DataLoader timed out after 3 seconds")
+
+    def torch_like(signum, frame):
+        raise RuntimeError(f"DataLoader worker (pid {worker.pid}) is killed by signal: Killed.")
+
+    previous = signal.signal(signal.SIGCHLD, torch_like)
+    try:
+        with pytest.raises(DataLoaderStallError, match="produced no batch for 3 s"):
+            next_batch(Stalled(), 3.0)
+        assert not worker.is_alive()
+        time.sleep(0.3)  # a SIGCHLD still pending would run torch_like here
+        assert signal.getsignal(signal.SIGCHLD) is torch_like  # the loader's handler is back
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+        if worker.is_alive():
+            worker.kill()

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -147,6 +148,7 @@ class ResumableSampler(DistributedSampler):
 
 
 STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+CHILD_SIGNAL = getattr(signal, "SIGCHLD", None)
 
 
 class DataLoaderStallError(RuntimeError):
@@ -165,6 +167,31 @@ def worker_init_fn(worker_id: int) -> None:
         faulthandler.register(STACK_SIGNAL, all_threads=True)
 
 
+def _end_workers(workers: list[Any]) -> None:
+    """Kill stalled loader workers and wait for their exit.
+
+    A stalled worker never returns to its loop, and it ignores SIGTERM (stop signals belong to the main process), so
+    the loader's shutdown could not end it and the exit would wait on it forever. The DataLoader's SIGCHLD handler
+    would answer the kill with its own "DataLoader worker (pid N) is killed by signal: Killed" in place of the stall
+    error, whenever the child's exit is signalled before that error is raised: SIGCHLD is left at its default
+    (ignored) until the workers are gone.
+    """
+    alive = [w for w in workers if w.pid is not None and w.is_alive()]
+    if not alive:
+        return
+    # only the main thread may set handlers; SIGCHLD is POSIX's
+    quiet = CHILD_SIGNAL is not None and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(CHILD_SIGNAL, signal.SIG_DFL) if quiet else None
+    try:
+        for worker in alive:
+            worker.kill()
+        for worker in alive:
+            worker.join(timeout=10.0)
+    finally:
+        if quiet:
+            signal.signal(CHILD_SIGNAL, signal.SIG_DFL if previous is None else previous)
+
+
 def next_batch(iterator: Iterator[Any], timeout: float) -> Any | None:
     """The next batch, or ``None`` at the end of the epoch.
 
@@ -181,11 +208,7 @@ def next_batch(iterator: Iterator[Any], timeout: float) -> Any | None:
             if STACK_SIGNAL is not None and worker.pid is not None and worker.is_alive():
                 os.kill(worker.pid, STACK_SIGNAL)
         time.sleep(1.0)  # let the workers write their stacks
-        # a stalled worker never returns to its loop, and it ignores SIGTERM (stop signals belong to the main
-        # process), so the loader's shutdown could not end it and the exit would wait on it forever
-        for worker in workers:
-            if worker.pid is not None and worker.is_alive():
-                worker.kill()
+        _end_workers(workers)
         raise DataLoaderStallError(f"the training data loader produced no batch for {timeout:g} s "
                                    f"(train.dataloader_timeout); the stacks of its {len(workers)} worker(s) are "
                                    "printed above on stderr") from exc
