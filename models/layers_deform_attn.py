@@ -65,6 +65,12 @@ def _kv_halves(deformable_groups: int) -> int:
     return 2 if deformable_groups % 2 == 0 else 1
 
 
+def _kv_parts(keys: Tensor, values: Tensor, deformable_groups: int) -> tuple[Tensor, ...]:
+    """The kv tensors :func:`_run` samples, from the key and value projections (each (..., C, H, W)): apart where
+    ``_kv_halves`` is 2 (no copy), else concatenated along the channels."""
+    return (keys, values) if _kv_halves(deformable_groups) == 2 else (torch.cat([keys, values], dim=-3),)
+
+
 def _clip_frames(x: Tensor, clip_size: int) -> Tensor:
     """(N, clip_size, C, H, W) -> (N * clip_size, clip_size, C, H, W): query frame j of clip i attends to the clip's
     frames (j + n) % clip_size, n = 0..clip_size-1 (the reference operator's order). One contiguous copy, whatever
@@ -408,8 +414,7 @@ class DeformAttnPack(_DeformAttnGeometry):
             (N, 1, C, H, W).
         """
         offset = self.conv_offset(torch.cat([q.flatten(1, 2), k.flatten(1, 2)], dim=1))
-        kv = torch.cat([self.proj_k(k), self.proj_v(v)], dim=2)
-        parts = tuple(kv.chunk(_kv_halves(self.deformable_groups), dim=2))
+        parts = _kv_parts(self.proj_k(k), self.proj_v(v), self.deformable_groups)
         out = _run(self.proj_q(q)[:, 0], parts, offset, self._params(), None, False).unsqueeze(1)
         return out + self.mlp(out)
 
@@ -516,8 +521,7 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
         keys, values = self.proj_k(k), self.proj_v(v)
         _check_shapes(qp.flatten(0, 1), (n, t, 2 * self.proj_channels, h, w), offset, self.kernel_h, self.kernel_w,
                       self.attention_heads, self.deformable_groups, self.clip_size)
-        kv = (keys, values) if _kv_halves(self.deformable_groups) == 2 else (torch.cat([keys, values], dim=2),)
-        parts = tuple(_clip_frames(p, self.clip_size) for p in kv)
+        parts = tuple(_clip_frames(p, self.clip_size) for p in _kv_parts(keys, values, self.deformable_groups))
         out = _run(qp.flatten(0, 1), parts, offset, self._params(), self.recompute, self.compile)
         out = self.proj(out.view(n, t, self.proj_channels, h, w))
         out = out + self.mlp(out)
