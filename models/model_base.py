@@ -264,7 +264,7 @@ class ModelBase(abc.ABC):
                                    "%s's optimizer starts afresh", unit.label, unit.label, unit.name)
                 else:
                     logger.info("Loading pretrained optimizer%s [%s]", unit.label, path)
-                    unit.load_optimizer(path, self.device)
+                    unit.load_optimizer(path)
 
     def resume(self, step: int) -> dict[str, Any]:
         """Restore every unit's network, EMA copy and optimizer (with ``train.<L>_optimizer_reuse``) of complete step
@@ -299,7 +299,7 @@ class ModelBase(abc.ABC):
                                                "restore the file, resume from another step, or set "
                                                f"train.{unit.label}_optimizer_reuse false to restart the "
                                                f"{unit.name}'s optimizer")
-                unit.load_optimizer(path, self.device)
+                unit.load_optimizer(path)
             elif unit.label != "G":  # G's is among the reasons the loop logs (engine.resume.inexact_resume_reasons)
                 logger.warning("Resume from step %d is not bit-exact: train.%s_optimizer_reuse is false, so the %s's "
                                "optimizer state starts afresh (KAIR's meaning)", step, unit.label, unit.name)

@@ -129,14 +129,19 @@ class TrainableUnit:
             files.append((f"optimizer{self.label}", self.optimizer.state_dict()))
         return files
 
-    def load_optimizer(self, path: str, device: torch.device) -> None:
+    def load_optimizer(self, path: str) -> None:
         """Moments from ``path``; hyper-parameters from the option file.
+
+        The file is read onto the CPU: ``Optimizer.load_state_dict`` moves each moment to its parameter's device and
+        keeps the step counters where a fresh optimizer keeps them (on the CPU unless ``capturable``/``fused``). Read
+        onto the GPU, the counters would stay there and a non-capturable Adam would then synchronise with the device
+        for every parameter of every step after a resume.
 
         Raises:
             CheckpointError: the file holds another number of parameter groups.
         """
         fresh = [{k: g[k] for k in FRESH_GROUP_KEYS if k in g} for g in self.optimizer.param_groups]
-        state = ckpt.safe_load(path, map_location=device)
+        state = ckpt.safe_load(path)
         if len(state.get("param_groups", [])) != len(self.optimizer.param_groups):
             raise ckpt.CheckpointError(f"{path} holds {len(state.get('param_groups', []))} parameter group(s), the "
                                        f"{self.name}'s optimizer has {len(self.optimizer.param_groups)} (another "

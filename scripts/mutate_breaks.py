@@ -148,7 +148,7 @@ BREAKS: dict[str, list[Break]] = {
               "", "the units' files are not written (only the state file)"),
         Break("ema-not-restored", 'ckpt.load_network(unit.ema, path, "params_ema", strict=True)', "pass",
               "a resume does not restore the EMA copy"),
-        Break("optimizer-not-restored", "                unit.load_optimizer(path, self.device)\n            elif",
+        Break("optimizer-not-restored", "                unit.load_optimizer(path)\n            elif",
               "                pass\n            elif", "a resume does not restore a unit's optimizer"),
         Break("lr-not-set-on-resume", "        self.update_learning_rate(step)\n        state = ckpt.safe_load",
               "        state = ckpt.safe_load", "a resume does not set the LR of the step"),

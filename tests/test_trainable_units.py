@@ -284,3 +284,23 @@ def test_fix_iter_rewraps_only_g_under_ddp(tmp_path):
         assert len({id(w) for w in g_wrappers}) == 3 and isinstance(g_wrappers[-1], DistributedDataParallel)
     finally:
         dist.destroy_process_group()
+
+
+def test_an_optimizer_file_is_read_onto_the_cpu_and_its_moments_follow_their_parameters(tmp_path) -> None:
+    """A restored optimizer keeps its step counters where a fresh one does (the CPU) and each moment on its
+    parameter's device. Read onto a GPU, the counters stayed there and made a non-capturable Adam synchronise with
+    the device for every parameter of every step after a resume (seen on an H100). Here the parameters sit on the
+    meta device, so the CPU tells which device the file was read onto."""
+    src = TrainableUnit("G", nn.Linear(3, 2), "generator")
+    src.optimizer = torch.optim.Adam(src.net.parameters(), lr=1e-3)
+    src.net(torch.ones(1, 3)).sum().backward()
+    src.optimizer.step()
+    torch.save(src.optimizer.state_dict(), tmp_path / "optimizerG.pth")
+    unit = TrainableUnit("G", nn.Linear(3, 2, device="meta"), "generator")
+    unit.optimizer = torch.optim.Adam(unit.net.parameters(), lr=1e-3)
+    unit.load_optimizer(str(tmp_path / "optimizerG.pth"))
+    states = list(unit.optimizer.state.values())
+    assert len(states) == 2
+    for state in states:
+        assert state["step"].device.type == "cpu" and float(state["step"]) == 1.0
+        assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"
