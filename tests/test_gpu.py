@@ -1,9 +1,9 @@
 """The CUDA branches: device placement, NCCL + DDP, CUDA RNG state, SDPA kernels, goldens, deformable ops, AMP,
 deterministic mode, tiled inference and torch.compile. Skipped without CUDA (``pytest -m gpu`` selects them).
 
-fp32 comparisons run with TF32 off (``train.tf32`` false, the default). The tolerances against the CPU fixtures are
-wider than the CPU tests' (other kernels: cuDNN convolutions, fused attention, atomic-add backward) and were set
-before any GPU run: tighten them to 2-3x the errors the first run reports.
+fp32 comparisons run with TF32 off (``train.tf32`` false, the default). The tolerances are 2-3x (at the tightest)
+the errors measured on an NVIDIA H100 (torch 2.11, CUDA 13.0, cuDNN 9.19; 2026-11-28), noted beside each; the
+tests print what they measure (``pytest -m gpu -rP``).
 
 The same non-CPU code paths run on the meta device in CI: tests/test_attention.py (released models, kernel
 eligibility of every attention call) and tests/test_deterministic_ops.py (deterministic mode).
@@ -75,7 +75,20 @@ def _small(cls: type, kwargs: dict, seed: int = 1) -> torch.nn.Module:
 
 def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.detach().float(), b.detach().float()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+    value = float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+    print(f'max relative error {value:.2e}')  # `pytest -m gpu -rP` shows the measured errors the tolerances follow
+    return value
+
+
+def _print_golden_errors(case: str, out: torch.Tensor, expected: torch.Tensor, net: torch.nn.Module,
+                         grads: dict[str, torch.Tensor]) -> None:
+    """The largest output error and gradient error (relative to each gradient's largest entry) against a fixture."""
+    params = dict(net.named_parameters())
+    errors = {name: float((params[name].grad.cpu() - g).abs().max() / g.abs().max().clamp_min(1e-12))
+              for name, g in grads.items()}
+    worst = max(errors, key=errors.get)
+    print(f'{case}: output {float((out.detach().cpu() - expected).abs().max()):.2e}, '
+          f'gradient {errors[worst]:.2e} ({worst})')
 
 
 # ----------------------------------------------------------------------------------------- runtime plumbing
@@ -164,7 +177,7 @@ def test_padded_attention_takes_efficient_kernel_and_equals_math(hd: int, dtype:
         ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
         ref_out = torch.nn.functional.scaled_dot_product_attention(*ref_in[:3], attn_mask=ref_in[3], scale=hd**-0.5)
         ref = [ref_out] + list(torch.autograd.grad(ref_out, ref_in, grad.double()))
-    tol = 2e-5 if dtype == torch.float32 else 5e-2
+    tol = 3e-6 if dtype == torch.float32 else 1.5e-2  # H100: 1.2e-6 / 6.4e-3
     for name, a, b in zip(['output', 'q', 'k', 'v', 'bias'], ours, ref):
         assert _max_rel(a, b) < tol, name
 
@@ -184,7 +197,7 @@ def test_grid_limit_chunks_are_correct_on_cuda() -> None:
     with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float(),
                                                                scale=hd**-0.5)
-    assert _max_rel(out, ref) < 3e-2
+    assert _max_rel(out, ref) < 6e-3  # H100: 2.4e-3
 
 
 def _train_step_calls(net: torch.nn.Module, x: torch.Tensor, amp: torch.dtype | None) -> list[dict]:
@@ -217,7 +230,9 @@ def test_every_attention_call_of_the_released_models_is_fused(task: str, amp: to
 
 # ------------------------------------------------------------------------------------------------- goldens
 def _golden_tolerance(out_atol: float, grad_rel: float) -> tuple[float, float]:
-    return max(20 * out_atol, 1e-5), max(5 * grad_rel, 2e-3)
+    """3x / 5x the CPU tests' tolerances. H100's tightest: VRT deblur's output 1.6e-6 (of 6e-6), small_nomut's
+    gradient 4.6e-4 (of 1e-3), vfi's 1.5e-5 (of 5e-5); RVRT's outputs 1.2e-7, gradients at most 2.6e-4 (sr)."""
+    return 3 * out_atol, 5 * grad_rel
 
 
 @pytest.mark.parametrize('case', sorted(VRT_GOLDEN))
@@ -230,6 +245,7 @@ def test_vrt_golden_on_cuda(case: str) -> None:
     out = net(data['input'].to(CUDA))
     torch.testing.assert_close(out.detach().cpu(), data['output'], atol=out_atol, rtol=0)
     out.square().mean().backward()
+    _print_golden_errors(case, out, data['output'], net, data['grads'])
     assert_grads_close(net, {k: v.to(CUDA) for k, v in data['grads'].items()}, case, rel=grad_rel)
 
 
@@ -245,6 +261,7 @@ def test_rvrt_golden_on_cuda(case: str) -> None:
     out = net(x)
     torch.testing.assert_close(out.detach()[..., ::2, ::2].cpu(), data['output_sub'], atol=out_atol, rtol=0)
     out.square().mean().backward()
+    _print_golden_errors(case, out[..., ::2, ::2], data['output_sub'], net, data['grads'])
     assert_grads_close(net, {k: v.to(CUDA) for k, v in data['grads'].items()}, case, rel=grad_rel)
 
 
@@ -266,7 +283,7 @@ def test_sampled_deform_conv_equals_torchvision_on_cuda(k: int) -> None:
     ours = run(deform_conv3x3_sampled)
     ref = run(lambda x, o, m, wt, b: torchvision.ops.deform_conv2d(x, o, wt, b, padding=(1, 1), mask=m))
     for name, a, b in zip(['output', 'x', 'offset', 'mask', 'weight', 'bias'], ours, ref):
-        assert _max_rel(a, b) < 1e-5, name
+        assert _max_rel(a, b) < 1e-5, name  # H100: 3.8e-6
 
 
 def test_guided_deform_attn_cuda_equals_cpu() -> None:
@@ -282,7 +299,7 @@ def test_guided_deform_attn_cuda_equals_cpu() -> None:
         return [t.cpu() for t in [out, *torch.autograd.grad(out, leaves, grad.to(device))]]
 
     for name, a, b in zip(['output', 'q', 'kv', 'offset'], run(CUDA), run(torch.device('cpu'))):
-        assert _max_rel(a, b) < 1e-5, name
+        assert _max_rel(a, b) < 1e-6, name  # H100: 3.5e-7
 
 
 # --------------------------------------------------------------------------------------------------- AMP
@@ -364,7 +381,7 @@ def test_gan_on_cuda_two_ddp_units_spectral_norm_under_autocast_one_fp16_scaler(
             ref = d.net(frames).float()
             with torch.autocast('cuda', dtype=AMP_DTYPES[amp]):
                 low = d.net(frames).float()
-        assert _max_rel(low, ref) < 0.05
+        assert _max_rel(low, ref) < {'bf16': 3e-2, 'fp16': 3e-3}[amp]  # H100: 1.1e-2 / 1.1e-3
         if amp == 'fp16':
             assert [id(o) for o in stepped] == [id(d.optimizer), id(g.optimizer), id(d.optimizer),
                                                 id(g.optimizer), id(d.optimizer)] and len(updates) == 3
@@ -470,5 +487,8 @@ def test_metric_networks_batch_frames_on_cuda_and_score_a_cut_clip_as_the_whole(
     segment.prime(out[4], gt[4], index=4)
     assert segment.update(out[5:], gt[5:], 5) == whole[5:]
     on_cpu = MetricSuite(specs, 'cpu', weights, verify=False).scorer().update(out, gt, 0)
+    # tLP is 100 x the difference of two LPIPS distances, so it carries 100x their rounding (H100: 4.3e-4 at 2.95,
+    # LPIPS 5e-7 at 4.19)
+    tolerance = {'lpips': 1e-5, 'dists': 1e-5, 'tlp': 1e-3}
     for row, cpu in zip(whole, on_cpu):
-        assert all(abs(row[k] - cpu[k]) <= 1e-4 * max(1.0, abs(cpu[k])) for k in cpu), (row, cpu)
+        assert all(abs(row[k] - cpu[k]) <= tolerance[k] * max(1.0, abs(cpu[k])) for k in cpu), (row, cpu)

@@ -131,7 +131,9 @@ def base_env(report_dir: str | None = None, threads: int | None = 1, **extra: st
     threads (``None``: torch's default)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                            "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS")}
-    env.update(PYTHONPATH=ROOT, VRT_DEVICE="cpu", PYTHONUNBUFFERED="1")
+    # the repository first; the caller's own entries after it (packages installed with --target, as on a GPU host)
+    path = os.pathsep.join([ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    env.update(PYTHONPATH=path, VRT_DEVICE="cpu", PYTHONUNBUFFERED="1")
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     if report_dir:
