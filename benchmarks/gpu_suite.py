@@ -1,4 +1,5 @@
-"""Check and measure the CUDA path end to end in one command (about 10 minutes on one H100).
+"""Check and measure the CUDA path end to end in one command (longer than 10 minutes on one H100: run it in parts with
+``--only`` where a lease is short; ``parity`` took 97 s and ``train`` at ``--iters 2`` 146 s for VRT 001 and 002).
 
 Examples:
     python benchmarks/gpu_suite.py --out results/gpu_suite
@@ -29,9 +30,9 @@ skipped and say so):
 * ``tiled``: tiled-inference frames/s at 720p output (VRT 001 x4, 12 frames of 180x320 LQ, tile 40x128x128) and on
   the deblurring validation tile (VRT 005, 12 x 256 x 256 tiles, whose shifted attention needs the chunked path).
 
-Writes ``suite.json`` and ``suite.md`` (tables for benchmarks/RESULTS.md) to ``--out``; exits 1 when a section
-failed. ``--quick`` uses tiny networks and clips (the CPU run takes well under a minute) and skips ``compile`` on
-the CPU (minutes to compile there).
+Writes ``suite.json`` and ``suite.md`` (tables for benchmarks/RESULTS.md) to ``--out`` after every section (a run
+stopped from outside keeps what it finished); exits 1 when a section failed. ``--quick`` uses tiny networks and clips
+(the CPU run takes well under a minute) and skips ``compile`` on the CPU (minutes to compile there).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class Suite:
         self.results: dict[str, Any] = {}
         self.failed: list[str] = []
         self.problems: list[str] = []  # expectations a section measured as unmet (the run exits 1)
+        self.command = 'python benchmarks/gpu_suite.py ' + ' '.join(args.argv)
 
     def run(self, name: str, fn: Callable[[], Any]) -> None:
         if self.over_budget():
@@ -131,6 +133,20 @@ class Suite:
                                   'traceback': traceback.format_exc(limit=6)}
         self.results[name]['seconds'] = round(time.perf_counter() - t0, 1)
         print(f'[{time.perf_counter() - self.start:6.1f} s] {name}: {self.results[name]["status"]}', flush=True)
+        self.write()  # a run stopped from outside (a lease's time limit) keeps the sections it finished
+
+    def write(self) -> dict[str, Any]:
+        """``suite.json`` and ``suite.md`` in ``--out`` with the sections so far, each file replaced atomically."""
+        results = {**self.results, 'total_seconds': round(time.perf_counter() - self.start, 1),
+                   'failed': self.failed, 'problems': self.problems, 'quick': self.quick}
+        out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in (('suite.json', json.dumps(results, indent=1, default=str)),
+                           ('suite.md', markdown(results, self.command))):
+            tmp = out / f'.{name}.tmp'
+            tmp.write_text(text)
+            tmp.replace(out / name)
+        return results
 
     def recipe(self, name: str) -> tuple[dict[str, Any], dict[str, Any], tuple, tuple]:
         """(netG kwargs, options, lq shape, gt shape) of a preset at 1 clip."""
@@ -445,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--only', nargs='+', help='run only these sections')
     parser.add_argument('--threads', type=int, help='torch.set_num_threads (default: 1 for --quick on the CPU)')
     args = parser.parse_args(argv)
+    args.argv = argv if argv is not None else sys.argv[1:]
     utils_numerics.prepare_environment(True)  # CUBLAS_WORKSPACE_CONFIG before cuBLAS starts (deterministic section)
     if args.threads or (args.quick and args.device == 'cpu'):
         torch.set_num_threads(args.threads or 1)  # many small kernels: more threads only oversubscribe
@@ -467,13 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                 suite.run(name, lambda fn=fn: fn(suite))
     finally:
         utils_numerics.restore_state(before)
-    results = {**suite.results, 'total_seconds': round(time.perf_counter() - suite.start, 1),
-               'failed': suite.failed, 'problems': suite.problems, 'quick': args.quick}
+    results = suite.write()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    command = 'python benchmarks/gpu_suite.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
-    (out / 'suite.json').write_text(json.dumps(results, indent=1, default=str))
-    (out / 'suite.md').write_text(markdown(results, command))
     print(f'wrote {out / "suite.json"} and {out / "suite.md"} ({results["total_seconds"]} s)')
     for problem in suite.problems:
         print(f'problem: {problem}', file=sys.stderr)

@@ -15,6 +15,9 @@ checkpointing to the part it recomputes. ``of which copies`` is the part's time 
 ``clone`` (layout changes and concatenations). Data loading is timed apart: a batch of the synthetic training set at
 the same clip size, loaded in the main process (with DataLoader workers it overlaps the step).
 
+On ``--device cuda`` each operator's time is the GPU time of the kernels it launched (``self_device_time_total``)
+and the step is timed between two synchronisations; ``--amp bf16`` runs the forward and loss under autocast.
+
 Prints a Markdown table and one JSON line. ``--trace`` writes a Chrome trace of the profiled step.
 """
 
@@ -144,8 +147,8 @@ def _part_of(event: Any, by_sequence: dict[int, str]) -> str:
     return ''
 
 
-def attribute(prof: profile, default: str) -> dict[str, dict[str, float]]:
-    """Per part: own CPU time (ms) and the time of copy operators in it."""
+def attribute(prof: profile, default: str, device: bool = False) -> dict[str, dict[str, float]]:
+    """Per part: own time (ms; the GPU time of its kernels when ``device``) and the time of copy operators in it."""
     events = [e for e in prof.events() if e.device_type.name == 'CPU']
     by_sequence: dict[int, str] = {}
     for e in events:  # forward operators that created autograd nodes
@@ -158,7 +161,7 @@ def attribute(prof: profile, default: str) -> dict[str, dict[str, float]]:
         if e.name.startswith(LABEL):
             continue
         part = _part_of(e, by_sequence) or default
-        ms = e.self_cpu_time_total / 1e3
+        ms = (e.self_device_time_total if device else e.self_cpu_time_total) / 1e3
         table[part]['ms'] += ms
         if e.name in COPY_OPS:
             table[part]['copies_ms'] += ms
@@ -178,10 +181,15 @@ def build(net_type: str, preset: str) -> nn.Module:
     return cls[net_type](**kwargs)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
 def train_step(net: nn.Module, ema: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-               y: torch.Tensor) -> None:
+               y: torch.Tensor, amp: torch.dtype | None = None) -> None:
     opt.zero_grad(set_to_none=True)
-    with record_function(LABEL + 'loss'):
+    with record_function(LABEL + 'loss'), torch.autocast(x.device.type, amp or torch.float32, enabled=amp is not None):
         out = net(x)
         loss = _charbonnier(out, y)
     loss.backward()
@@ -221,10 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--skip', choices=('train', 'eval'), help='profile only the other one')
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--trace', help='write the Chrome trace of the training step here')
+    parser.add_argument('--device', default='cpu', help='cpu or cuda (GPU kernel time per part)')
+    parser.add_argument('--amp', choices=('none', 'bf16'), default='none', help='autocast of the forward and loss')
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    amp = torch.bfloat16 if args.amp == 'bf16' else None
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    on_device = device.type == 'cuda'
 
-    net = build(args.net, args.preset)
+    net = build(args.net, args.preset).to(device)
     io = net_io(net)
     defaults = {'vrt': (6, 64, 64), 'rvrt': (4, 64, 64), 'basicvsrpp': (10, 64, 64)}[args.net]
     if args.net == 'basicvsrpp' and not io.scale > 1:
@@ -232,41 +246,47 @@ def main(argv: list[str] | None = None) -> int:
     frames = io.clip_frames or args.frames or defaults[0]
     h, w = args.size or defaults[1:]
     gen = torch.Generator().manual_seed(0)
-    results: dict[str, Any] = {'net': args.net, 'preset': args.preset, 'threads': torch.get_num_threads(),
+    results: dict[str, Any] = {'net': args.net, 'preset': args.preset, 'device': str(device), 'amp': args.amp,
+                               'threads': torch.get_num_threads(),
                                'torch': torch.__version__, 'params': sum(p.numel() for p in net.parameters())}
     parts: dict[str, dict[str, dict[str, float]]] = {}
     if args.skip != 'train':
-        x = torch.rand(1, frames, io.in_chans, h, w, generator=gen)
+        x = torch.rand(1, frames, io.in_chans, h, w, generator=gen).to(device)
         out_frames = 1 if io.frame_interpolation else frames
-        y = torch.rand(1, out_frames, io.out_chans, h * io.scale, w * io.scale, generator=gen)
-        ema = build(args.net, args.preset)
+        y = torch.rand(1, out_frames, io.out_chans, h * io.scale, w * io.scale, generator=gen).to(device)
+        ema = build(args.net, args.preset).to(device)
         ema.load_state_dict(net.state_dict())
         opt = torch.optim.Adam(net.parameters(), lr=1e-4, betas=(0.9, 0.99))
         net.train()
-        train_step(net, ema, opt, x, y)  # warm-up (masks, optimizer state)
-        with labels(net), profile(activities=[ProfilerActivity.CPU]) as prof:
+        train_step(net, ema, opt, x, y, amp)  # warm-up (masks, optimizer state)
+        _sync(device)
+        with labels(net), profile(activities=activities) as prof:
             start = time.perf_counter()
-            train_step(net, ema, opt, x, y)
+            train_step(net, ema, opt, x, y, amp)
+            _sync(device)
             results['train_step_s'] = round(time.perf_counter() - start, 3)
         if args.trace:
             prof.export_chrome_trace(args.trace)
-        parts['train'] = attribute(prof, 'backward engine, other')
+        parts['train'] = attribute(prof, 'backward engine, other', on_device)
         results['train_clip'] = [frames, h, w]
         results['data_loading_ms'] = round(data_loading_ms(io, frames, (h, w)), 1)
     if args.skip != 'eval':
         net.eval()
         eval_frames = io.clip_frames or args.eval_frames
-        lq = torch.rand(1, eval_frames, io.in_chans, *args.eval_size, generator=gen)
+        lq = torch.rand(1, eval_frames, io.in_chans, *args.eval_size, generator=gen)  # stays on the host, as users'
         tile, overlap = args.eval_tile, args.eval_overlap
         kwargs = {'scale': io.scale, 'window_size': io.input_multiple, 'in_chans': io.in_chans,
                   'vfi': io.frame_interpolation, 'clip_frames': io.clip_frames, 'num_frame_testing': tile[0],
-                  'num_frame_overlapping': overlap[0], 'size_patch_testing': tile[1], 'overlap_size': overlap[1]}
+                  'num_frame_overlapping': overlap[0], 'size_patch_testing': tile[1], 'overlap_size': overlap[1],
+                  'device': device, 'autocast_dtype': amp}
         infer_video(net, lq, **kwargs)  # warm-up
-        with labels(net), profile(activities=[ProfilerActivity.CPU]) as prof:
+        _sync(device)
+        with labels(net), profile(activities=activities) as prof:
             start = time.perf_counter()
             infer_video(net, lq, **kwargs)
+            _sync(device)
             results['eval_s'] = round(time.perf_counter() - start, 3)
-        parts['eval'] = attribute(prof, 'tiling: pad, crop, blend')
+        parts['eval'] = attribute(prof, 'tiling: pad, crop, blend', on_device)
         results['eval_clip'] = [eval_frames, *args.eval_size]
         results['eval_tile'] = [*tile, *overlap]
     results['parts_ms'] = {k: {p: {m: round(v, 1) for m, v in d.items()} for p, d in t.items()}

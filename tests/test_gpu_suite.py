@@ -38,3 +38,26 @@ def test_quick_suite_on_the_cpu_writes_its_json_and_tables(tmp_path) -> None:
     assert 'skipped' in results['compile']
     table = (out / 'suite.md').read_text()
     assert '### train' in table and '| vrt_001 | 2x3x40x40 | fp32 | ours |' in table
+
+
+def test_a_suite_stopped_from_outside_keeps_the_sections_it_finished(tmp_path, monkeypatch) -> None:
+    """A lease's time limit kills the run where it stands: the JSON and tables of the finished sections are on disk
+    (the first GPU run lost its parity numbers when the suite still wrote them only at the end)."""
+    from benchmarks import gpu_suite
+
+    def stopped(_suite) -> None:
+        raise KeyboardInterrupt  # what no section catches, as a kill
+
+    monkeypatch.setenv('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # the suite sets it; put back afterwards
+    monkeypatch.setattr(gpu_suite, 'parity', stopped)
+    out = tmp_path / 'suite'
+    try:
+        gpu_suite.main(['--device', 'cpu', '--quick', '--out', str(out), '--only', 'environment', 'parity'])
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError('the stop did not reach the caller')
+    results = json.loads((out / 'suite.json').read_text())
+    assert results['environment']['status'] == 'ok' and 'parity' not in results
+    assert '--only environment parity' in (out / 'suite.md').read_text()
+    assert sorted(p.name for p in out.iterdir()) == ['suite.json', 'suite.md']  # no temporary file left
