@@ -45,8 +45,8 @@ from benchmarks.bench_rvrt import PRESETS as RVRT_PRESETS  # noqa: E402
 from benchmarks.bench_vrt import PRESETS as VRT_PRESETS  # noqa: E402
 from models import (  # noqa: E402
     layers_attention,
-    layers_deform_attn,
     layers_deform_conv,
+    layers_guided_deform_attn,
     network_basicvsrpp,
     network_iart,
     network_rvrt,
@@ -71,7 +71,7 @@ LABELLED: list[tuple[Any, str, str]] = [
     (network_spynet.SpyNet, 'forward', 'flow estimation (SpyNet)'),
     (layers_deform_conv.DCNv2PackFlowGuided, 'forward', 'deformable alignment'),
     (network_basicvsrpp.SecondOrderDeformableAlignment, 'forward', 'deformable alignment'),
-    (layers_deform_attn.GuidedDeformAttnPack, 'forward', 'deformable alignment'),
+    (layers_guided_deform_attn.GuidedDeformAttnPack, 'forward', 'deformable alignment'),
     (network_vrt.Stage, '_parallel_warp', 'flow warping, composition'),
     (network_vrt.VRT, 'get_flows', 'flow warping, composition'),
     (network_vrt.VRT, '_align_images', 'flow warping, composition'),

@@ -35,11 +35,9 @@ import logging
 from collections.abc import Iterable, Sequence
 
 import torch
-from timm.layers import Mlp
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from models.layers_conv import eager_no_grad, frame_conv
 from models.layers_warp import autocast_off, grid_sample
 
 logger = logging.getLogger(__name__)
@@ -53,7 +51,8 @@ _COMPILED: dict[str, object] = {}
 RECOMPUTE_ABOVE_BYTES = 64 * 2**20
 
 
-def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+def pair(value: int | Sequence[int]) -> tuple[int, int]:
+    """``(value, value)`` for an int, else the two values as ints."""
     if isinstance(value, int):
         return value, value
     a, b = value
@@ -65,13 +64,13 @@ def _kv_halves(deformable_groups: int) -> int:
     return 2 if deformable_groups % 2 == 0 else 1
 
 
-def _kv_parts(keys: Tensor, values: Tensor, deformable_groups: int) -> tuple[Tensor, ...]:
-    """The kv tensors :func:`_run` samples, from the key and value projections (each (..., C, H, W)): apart where
+def kv_parts(keys: Tensor, values: Tensor, deformable_groups: int) -> tuple[Tensor, ...]:
+    """The kv tensors :func:`attend` samples, from the key and value projections (each (..., C, H, W)): apart where
     ``_kv_halves`` is 2 (no copy), else concatenated along the channels."""
     return (keys, values) if _kv_halves(deformable_groups) == 2 else (torch.cat([keys, values], dim=-3),)
 
 
-def _clip_frames(x: Tensor, clip_size: int) -> Tensor:
+def clip_frames(x: Tensor, clip_size: int) -> Tensor:
     """(N, clip_size, C, H, W) -> (N * clip_size, clip_size, C, H, W): query frame j of clip i attends to the clip's
     frames (j + n) % clip_size, n = 0..clip_size-1 (the reference operator's order). One contiguous copy, whatever
     x's layout."""
@@ -236,23 +235,35 @@ class _AttendSampled(torch.autograd.Function):
         return grad_keys, grad_values, grad_qh.view(qh.shape)
 
 
-def _work_dtype(t: Tensor) -> torch.dtype:
+def work_dtype(t: Tensor) -> torch.dtype:
     """float64 stays float64; everything else (fp32, bf16, fp16) is computed in float32."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _run(q: Tensor, kv_parts: tuple[Tensor, ...], offset: Tensor, params: tuple, recompute: bool | None,
-         compile: bool) -> Tensor:
-    """Dtype/autocast policy, optional torch.compile and backward recomputation around :func:`_attend_frames`."""
+def attend(q: Tensor, kv: tuple[Tensor, ...], offset: Tensor, params: tuple, recompute: bool | None,
+           compile: bool) -> Tensor:
+    """The operator's core with its dtype/autocast policy, optional torch.compile and backward recomputation.
+
+    Args:
+        q: (B, C, H, W) queries (B = N * clip_size).
+        kv: :func:`kv_parts` of the keys and values, each arranged by :func:`clip_frames`.
+        offset: (B, clip_size * G * kh * kw * 2, H, W).
+        params: ``((kh, kw), stride, padding, dilation, attention_heads, deformable_groups)``, pairs for the middle
+            three.
+        recompute, compile: see :func:`deform_attn`.
+
+    Returns:
+        (B, C, H, W) in ``q``'s dtype.
+    """
     out_dtype = q.dtype
-    work = _work_dtype(q)
+    work = work_dtype(q)
     fn = _attend_frames
     if compile:
         if 'fn' not in _COMPILED:
             _COMPILED['fn'] = torch.compile(_attend_frames, dynamic=True)
         fn = _COMPILED['fn']  # type: ignore[assignment]
     with autocast_off(q.device):
-        parts = tuple(p.to(work) for p in kv_parts)
+        parts = tuple(p.to(work) for p in kv)
         args = (q.to(work), parts, offset.to(work), *params)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (args[0], *parts, args[2]))
         if recompute is None:  # by the bytes of the sampled keys/values, kh * kw samples of each kv frame
@@ -305,16 +316,16 @@ def deform_attn(
         Tensor with ``q``'s shape and dtype.
     """
     _check(kv.dim() == 5, f'kv must be (N, clip_size, 2C, H, W), got shape {tuple(kv.shape)}')
-    _check_shapes(q, tuple(kv.shape), offset, kernel_h, kernel_w, attention_heads, deformable_groups, clip_size)
-    parts = tuple(_clip_frames(p, clip_size) for p in kv.chunk(_kv_halves(deformable_groups), dim=2))
-    params = ((kernel_h, kernel_w), _pair(stride), _pair(padding), _pair(dilation), attention_heads,
+    check_shapes(q, tuple(kv.shape), offset, kernel_h, kernel_w, attention_heads, deformable_groups, clip_size)
+    parts = tuple(clip_frames(p, clip_size) for p in kv.chunk(_kv_halves(deformable_groups), dim=2))
+    params = ((kernel_h, kernel_w), pair(stride), pair(padding), pair(dilation), attention_heads,
               deformable_groups)
     b, _, c2, h, w = parts[0].shape
-    out = _run(q.reshape(b, c2 * len(parts) // 2, h, w), parts, offset, params, recompute, compile)
+    out = attend(q.reshape(b, c2 * len(parts) // 2, h, w), parts, offset, params, recompute, compile)
     return out.view(q.shape)
 
 
-def _check_shapes(q: Tensor, kv_shape: tuple[int, ...], offset: Tensor, kernel_h: int, kernel_w: int,
+def check_shapes(q: Tensor, kv_shape: tuple[int, ...], offset: Tensor, kernel_h: int, kernel_w: int,
                   attention_heads: int, deformable_groups: int, clip_size: int) -> None:
     """Refuse, in one line each, arguments :func:`deform_attn` cannot compute (``kv_shape``: (N, clip, 2C, H, W))."""
     n, clip, c2, h, w = kv_shape
@@ -329,203 +340,3 @@ def _check_shapes(q: Tensor, kv_shape: tuple[int, ...], offset: Tensor, kernel_h
     per_block = deformable_groups * kernel_h * kernel_w * 2
     _check(tuple(offset.shape) == (b, clip_size * per_block, h, w),
            f'offset must be {(b, clip_size * per_block, h, w)}, got {tuple(offset.shape)}')
-
-
-class ChannelsLast(nn.Module):
-    """Apply a channels-last module to the channel axis of (N, D, C, H, W).
-
-    The wrapped module is registered as ``'1'``, the index it has in the reference's
-    ``Sequential(Rearrange, module, Rearrange)``, so state-dict keys read e.g. ``proj_q.1.weight``.
-    """
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.add_module('1', module)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (N, D, C_in, H, W) -> (N, D, C_out, H, W)."""
-        return getattr(self, '1')(x.movedim(2, -1)).movedim(-1, 2)
-
-
-class _DeformAttnGeometry(nn.Module):
-    """The sampling geometry both attention modules share: a (kh, kw) window, stride 1, 'same' padding."""
-
-    def __init__(self, in_channels: int, out_channels: int | None, attention_window: Sequence[int],
-                 deformable_groups: int, attention_heads: int, clip_size: int) -> None:
-        super().__init__()
-        self.in_channels = in_channels
-        self.out_channels = out_channels or in_channels
-        self.kernel_h, self.kernel_w = _pair(attention_window)
-        self.attn_size = self.kernel_h * self.kernel_w
-        self.deformable_groups = deformable_groups
-        self.attention_heads = attention_heads
-        self.clip_size = clip_size
-        self.stride, self.padding, self.dilation = 1, self.kernel_h // 2, 1
-
-    def _params(self) -> tuple:
-        """The geometry as :func:`_run` takes it."""
-        return ((self.kernel_h, self.kernel_w), (self.stride,) * 2, (self.padding,) * 2, (self.dilation,) * 2,
-                self.attention_heads, self.deformable_groups)
-
-
-class DeformAttnPack(_DeformAttnGeometry):
-    """Deformable attention of one query frame over a clip, offsets predicted by one 3x3 convolution.
-
-    State-dict names follow the reference's ``DeformAttnPack``: ``conv_offset``, ``proj_q.1``, ``proj_k.1``,
-    ``proj_v.1``, ``mlp.1.fc1``, ``mlp.1.fc2``. The offset convolution is zero-initialised.
-
-    Args:
-        in_channels: feature channels C.
-        out_channels: kept for the reference signature (the output has C channels).
-        attention_window: (kh, kw).
-        deformable_groups: offset groups over the 2C kv channels.
-        attention_heads: heads over C.
-        clip_size: kv frames S.
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int | None = None,
-        attention_window: Sequence[int] = (3, 3),
-        deformable_groups: int = 12,
-        attention_heads: int = 12,
-        clip_size: int = 1,
-    ) -> None:
-        super().__init__(in_channels, out_channels, attention_window, deformable_groups, attention_heads, clip_size)
-        c = in_channels
-        self.proj_q = ChannelsLast(nn.Linear(c, c))
-        self.proj_k = ChannelsLast(nn.Linear(c, c))
-        self.proj_v = ChannelsLast(nn.Linear(c, c))
-        self.mlp = ChannelsLast(Mlp(c, 2 * c))
-        self.conv_offset = nn.Conv2d(c * (1 + clip_size), clip_size * deformable_groups * self.attn_size * 2, 3, 1, 1)
-        nn.init.zeros_(self.conv_offset.weight)
-        nn.init.zeros_(self.conv_offset.bias)
-
-    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attend from q to the clip (k, v).
-
-        Args:
-            q: (N, 1, C, H, W) query frame.
-            k: (N, S, C, H, W) key frames.
-            v: (N, S, C, H, W) value frames.
-
-        Returns:
-            (N, 1, C, H, W).
-        """
-        offset = self.conv_offset(torch.cat([q.flatten(1, 2), k.flatten(1, 2)], dim=1))
-        parts = _kv_parts(self.proj_k(k), self.proj_v(v), self.deformable_groups)
-        out = _run(self.proj_q(q)[:, 0], parts, offset, self._params(), None, False).unsqueeze(1)
-        return out + self.mlp(out)
-
-
-class GuidedDeformAttnPack(_DeformAttnGeometry):
-    """Flow-guided deformable attention (RVRT), aligning the previous clip's features to the current clip.
-
-    Offsets are ``max_residue_magnitude * tanh(conv_offset(...))`` plus the optical flows; q, k, v are projected
-    to 2C channels, attended with :func:`deform_attn`, projected back to C and refined by an MLP. State-dict
-    names follow the reference: ``conv_offset.{0,2,4,6,8,10}``, ``proj_q.1``, ``proj_k.1``, ``proj_v.1``,
-    ``proj.1``, ``mlp.1.fc1``, ``mlp.1.fc2``; the last offset layer is zero-initialised.
-
-    Args:
-        in_channels: feature channels C.
-        out_channels: kept for the reference signature (the output has C channels).
-        attention_window: (kh, kw).
-        deformable_groups: offset groups over the 4C projected kv channels.
-        attention_heads: heads over the 2C projected channels.
-        clip_size: frames per clip (the offset network's input layout assumes 2).
-        max_residue_magnitude: bound of the learned offset residue, in pixels.
-        recompute: see :func:`deform_attn`.
-        compile: see :func:`deform_attn`.
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int | None = None,
-        attention_window: Sequence[int] = (3, 3),
-        deformable_groups: int = 12,
-        attention_heads: int = 12,
-        clip_size: int = 2,
-        max_residue_magnitude: float = 10,
-        recompute: bool | None = None,
-        compile: bool = False,
-    ) -> None:
-        super().__init__(in_channels, out_channels, attention_window, deformable_groups, attention_heads, clip_size)
-        self.max_residue_magnitude = max_residue_magnitude
-        self.recompute = recompute
-        self.compile = compile
-        c = in_channels
-        self.proj_channels = 2 * c
-        layers: list[nn.Module] = [nn.Conv3d(c * (1 + clip_size) + clip_size * 2, 64, kernel_size=1)]
-        for _ in range(4):
-            layers += [nn.LeakyReLU(0.1, inplace=True), nn.Conv3d(64, 64, (1, 3, 3), padding=(0, 1, 1))]
-        layers += [nn.LeakyReLU(0.1, inplace=True),
-                   nn.Conv3d(64, clip_size * deformable_groups * self.attn_size * 2, kernel_size=1)]
-        self.conv_offset = nn.Sequential(*layers)
-        nn.init.zeros_(self.conv_offset[-1].weight)
-        nn.init.zeros_(self.conv_offset[-1].bias)
-        self.proj_q = ChannelsLast(nn.Linear(c, self.proj_channels))
-        self.proj_k = ChannelsLast(nn.Linear(c, self.proj_channels))
-        self.proj_v = ChannelsLast(nn.Linear(c, self.proj_channels))
-        self.proj = ChannelsLast(nn.Linear(self.proj_channels, c))
-        self.mlp = ChannelsLast(Mlp(c, 2 * c, c))
-
-    def _offset_net(self, x: Tensor) -> Tensor:
-        """The (1, k, k) Conv3d stack run as 2-D convolutions on all frames: (B*T, C_in, H, W) -> (B*T, C_out, H, W)."""
-        for layer in self.conv_offset:
-            x = frame_conv(x, layer) if isinstance(layer, nn.Conv3d) else layer(x)
-        return x
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        v_prop_warped: Sequence[Tensor],
-        flows: Sequence[Tensor],
-        return_updateflow: bool,
-    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
-        """Align the propagated clip features ``v`` to the current clip.
-
-        Args:
-            q: (N, T, C, H, W) current clip features (T = clip_size).
-            k: (N, T, C, H, W) previous clip features.
-            v: (N, T, C, H, W) propagated features of the previous clip.
-            v_prop_warped: two (N, T, C, H, W) flow-warped versions of ``v``.
-            flows: two (N, T, 2, H, W) flows (dx, dy), one per offset block.
-            return_updateflow: also return the offset-refined flows.
-
-        Returns:
-            (N, T, C, H, W) aligned features; with ``return_updateflow`` also the two refined flows
-            (N, T, 2, H, W), the mean of each block's offsets in (dx, dy) order (float32, or float64 for
-            float64 inputs).
-        """
-        n, t, _, h, w = q.shape
-        x = torch.cat([q, *v_prop_warped, *flows], dim=2).flatten(0, 1)
-        raw = self._offset_net(x).view(n, t, -1, h, w)
-        # offsets in fp32 even under autocast: residue (up to 10 px) plus the flow needs sub-pixel precision
-        work = _work_dtype(raw)
-        offsets = torch.tanh(raw.to(work))
-        # in place where nothing keeps tanh's output for backward; the same op (and bits) as a new product
-        offsets = offsets.mul_(self.max_residue_magnitude) if eager_no_grad() else offsets * self.max_residue_magnitude
-        # each block's flow, flipped to (dy, dx), added to its (group, kernel point) pairs: both blocks in one sum,
-        # which is already the (N*T, 2*G*kk*2, H, W) offset (no concatenation of the two blocks)
-        flow_pair = torch.stack(flows, dim=2).to(work).flip(3).unsqueeze(3)  # (N, T, 2, 1, (dy, dx), H, W)
-        offset6 = offsets.view(n, t, 2, -1, 2, h, w) + flow_pair
-        offset = offset6.view(n * t, -1, h, w)
-        qp = self.proj_q(q)
-        # deform_attn's kv frames built from the projections: for an even G the keys and the values each copied once
-        # into the contiguous frame order the sampling reads (a cat, the frame order and the halves' copies were
-        # three copies of all of them)
-        keys, values = self.proj_k(k), self.proj_v(v)
-        _check_shapes(qp.flatten(0, 1), (n, t, 2 * self.proj_channels, h, w), offset, self.kernel_h, self.kernel_w,
-                      self.attention_heads, self.deformable_groups, self.clip_size)
-        parts = tuple(_clip_frames(p, self.clip_size) for p in _kv_parts(keys, values, self.deformable_groups))
-        out = _run(qp.flatten(0, 1), parts, offset, self._params(), self.recompute, self.compile)
-        out = self.proj(out.view(n, t, self.proj_channels, h, w))
-        out = out + self.mlp(out)
-        if not return_updateflow:
-            return out
-        flow1, flow2 = (o.mean(2).flip(2) for o in offset6.unbind(2))
-        return out, flow1, flow2

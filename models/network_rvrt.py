@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from models.layers_attention import RTMSA
 from models.layers_conv import Upsample, conv_act, frame_conv, in_graph
-from models.layers_deform_attn import GuidedDeformAttnPack
+from models.layers_guided_deform_attn import GuidedDeformAttnPack
 from models.layers_warp import flow_warp
 from models.net_io import NetIO
 from models.network_spynet import SpyNet

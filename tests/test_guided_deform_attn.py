@@ -7,13 +7,9 @@ import math
 import pytest
 import torch
 
-from models import layers_deform_attn
-from models.layers_deform_attn import (
-    DeformAttnPack,
-    GuidedDeformAttnPack,
-    _AttendSampled,
-    deform_attn,
-)
+from models import layers_deform_attn, layers_guided_deform_attn
+from models.layers_deform_attn import _AttendSampled, deform_attn
+from models.layers_guided_deform_attn import DeformAttnPack, GuidedDeformAttnPack
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -260,14 +256,14 @@ def test_guided_pack_attends_as_deform_attn_on_its_projections(monkeypatch, grou
     q, k, v, *warped = (torch.randn(1, 2, c, 5, 6) for _ in range(5))
     flows = [torch.randn(1, 2, 2, 5, 6) for _ in range(2)]
     calls = []
-    run = layers_deform_attn._run
+    run = layers_guided_deform_attn.attend
 
     def spy(q_, parts, offset, *rest):
         out = run(q_, parts, offset, *rest)
         calls.append((parts, offset, out))
         return out
 
-    monkeypatch.setattr(layers_deform_attn, "_run", spy)
+    monkeypatch.setattr(layers_guided_deform_attn, "attend", spy)
     m(q, k, v, warped, flows, False)
     parts, offset, out = calls[0]
     assert len(parts) == (2 if groups % 2 == 0 else 1) and all(p.is_contiguous() for p in parts)
