@@ -26,6 +26,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 def _single_threaded() -> None:
     torch.get_num_threads()  # this thread's OpenMP/MKL settings first: its first parallel op would reset them
     torch.set_num_threads(1)
+    # Denormals flushed to zero on this thread (the x86 MXCSR is per thread; other threads keep IEEE denormals). A
+    # shift-masked window's probabilities are exp(-100 + ...) ~ 1e-44, denormal in fp32, and every pass over them
+    # (the softmax, the products, mul_) took microcode assists: those calls' backward ran 1.6-2.1x slower than
+    # unmasked ones. Flushed, their gradient terms are 0 instead of ~1e-44 below every sum they enter
+    # (benchmarks/RESULTS.md, "VRT speed by profiling, session 8").
+    torch.set_flush_denormal(True)
 
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
@@ -50,7 +56,8 @@ def _workers(count: int) -> ThreadPoolExecutor:
 
 def _in_parallel() -> bool:
     """Whether backward's parts may run on worker threads: several OpenMP threads here, and no dispatch or function
-    mode (a mode is thread-local: the parts then run one after another here, with the same bits)."""
+    mode (a mode is thread-local: the parts then run one after another here, with the same bits but for denormal
+    terms, which the workers flush to zero)."""
     return (torch.get_num_threads() > 1 and not torch._C._is_torch_function_mode_enabled()
             and torch._C._len_torch_dispatch_stack() == 0)
 
@@ -65,9 +72,10 @@ class _BiasedAttention(torch.autograd.Function):
     With several OpenMP threads, backward cuts the samples into one part per thread and runs each part on a worker
     thread of one OpenMP thread, in chunks that fit a core's L2 cache; each part sums its own bias gradient and the
     parts' sums are added in order, so the bits depend on the thread count only (deterministic mode stays
-    bit-exact). At VRT's head dims 8-12 every per-chunk pass is memory-bound: 8 MB chunks on two OpenMP threads
-    streamed from the L3 cache, 2 MB chunks a core do not (five tiny-preset backward shapes 345 -> 232 ms, a VRT
-    001 one 220 -> 180 ms; benchmarks/RESULTS.md, "VRT speed by profiling, session 7"). Memory: at two threads the
+    bit-exact); the workers flush denormals to zero (see ``_single_threaded``). At VRT's head dims 8-12 every
+    per-chunk pass is memory-bound: 8 MB chunks on two OpenMP threads streamed from the L3 cache, 2 MB chunks a core
+    do not (five tiny-preset backward shapes 345 -> 232 ms, a VRT 001 one 220 -> 180 ms; benchmarks/RESULTS.md,
+    "VRT speed by profiling, session 7"). Memory: at two threads the
     parts' chunks and second bias-gradient sum take less than one part's 8 MB chunks; :meth:`backward_bytes`
     counts them for every part at once (it grows with the thread count).
     """

@@ -151,7 +151,8 @@ def test_bias_backward_in_parts_on_worker_threads(monkeypatch: pytest.MonkeyPatc
     """At two OpenMP threads the backward cuts the samples into two parts (each in chunks of whole samples, 7 =
     (2 + 2) + (2 + 1)) and runs them at once on two worker threads of one OpenMP thread each: the gradients agree
     with autograd through the formula in float64, equal bit for bit the same parts run one after another (as under
-    a dispatch mode), and the caller and threads started later keep two threads."""
+    a dispatch mode) but for denormals, and the caller and threads started later keep two threads. The workers
+    flush denormals to zero (a shift mask's -100 makes probabilities of ~1e-44); the caller keeps them."""
     monkeypatch.setattr(layers_sdpa._BiasedAttention, '_PART_CHUNK_ELEMENTS', 2 * 3 * 256)  # N = 16: 2 samples
     monkeypatch.setattr(layers_sdpa._BiasedAttention, '_PARTS_ABOVE', 0)
     inputs = _qkv_mask(heads=3, n=16, hd=8, batch=7)
@@ -161,7 +162,8 @@ def test_bias_backward_in_parts_on_worker_threads(monkeypatch: pytest.MonkeyPatc
     both = threading.Barrier(2, timeout=60)  # the parts on workers must be running at the same time
 
     def recording(tensors, grads, grad_bias, rows, *rest):
-        seen.append((threading.current_thread().name, torch.get_num_threads(), range(rows.start, rows.stop)))
+        seen.append((threading.current_thread().name, torch.get_num_threads(), range(rows.start, rows.stop),
+                     _flushes_denormals()))
         if threading.current_thread() is not threading.main_thread():
             both.wait()  # also keeps one worker from taking both parts when the first ends quickly
         part(tensors, grads, grad_bias, rows, *rest)
@@ -187,14 +189,27 @@ def test_bias_backward_in_parts_on_worker_threads(monkeypatch: pytest.MonkeyPatc
         assert torch.get_num_threads() == 2 and later == [2]
     finally:
         torch.set_num_threads(threads)
-    assert sorted((r.start, r.stop) for _, _, r in workers) == [(0, 4), (4, 7)]
-    assert all(name.startswith('attention-backward') and count == 1 for name, count, _ in workers), workers
-    assert len({name for name, _, _ in workers}) == 2
-    assert all(name == threading.main_thread().name for name, _, _ in seen) and len(seen) == 2
+    assert sorted((r.start, r.stop) for _, _, r, _ in workers) == [(0, 4), (4, 7)]
+    assert all(name.startswith('attention-backward') and count == 1 for name, count, _, _ in workers), workers
+    assert len({name for name, _, _, _ in workers}) == 2
+    assert all(name == threading.main_thread().name for name, _, _, _ in seen) and len(seen) == 2
+    assert all(flush for *_, flush in workers) and not any(flush for *_, flush in seen) and not _flushes_denormals()
+    # the -100 of the shift mask makes denormal terms: 0 on the workers, kept here; every other bit is the same
+    assert not torch.equal(serial[3], _flushed(serial[3]))
     for name, a, b in zip(['grad q', 'grad k', 'grad v', 'grad mask'], parallel, serial):
-        assert torch.equal(a, b), name
+        assert torch.equal(a, _flushed(b)), name
     expected = run(lambda q, k, v, m: (q @ k.transpose(-2, -1) * 0.3 + m).softmax(-1) @ v, torch.float64)
     _assert_close_all(parallel, expected, 2e-6, ['grad q', 'grad k', 'grad v', 'grad mask'])
+
+
+def _flushed(t: Tensor) -> Tensor:
+    """``t`` with its denormal entries set to zero."""
+    return t.masked_fill(t.abs() < torch.finfo(t.dtype).tiny, 0.0)
+
+
+def _flushes_denormals() -> bool:
+    """Whether this thread's float ops flush denormals to zero (1e-40 is a float32 denormal)."""
+    return torch.tensor(1e-40).mul(1.0).item() == 0.0
 
 
 class _Noop(TorchDispatchMode):
@@ -453,3 +468,4 @@ def test_geglu_without_autograd_runs_in_place_with_the_same_bits() -> None:
         recorded.float().sum().backward()  # the recording path kept what its backward needs
         assert 'aten.gelu_.default' in ops.names
         assert torch.equal(eager, recorded.detach())
+
