@@ -20,7 +20,7 @@ from timm.layers import DropPath, trunc_normal_
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.layers_conv import eager_no_grad
+from models.layers_conv import eager_no_grad, in_graph
 from models.layers_sdpa import attention
 from models.layers_window import (
     ShiftMask,
@@ -37,6 +37,10 @@ from models.layers_window import (
     window_partition,
     window_reverse,
 )
+
+# In CPU training a TMSA branch that drop path drops for every sample is not computed (TMSA._residual);
+# models.memory_plan turns this off for its pass, so that its estimate counts every branch (the worst case).
+SKIP_DROPPED_BRANCHES = True
 
 
 class MlpGEGLU(nn.Module):
@@ -294,24 +298,49 @@ class TMSA(nn.Module):
             x = window_reverse(self.attn(window_partition(x, window)), window, b, dp, hp, wp)
         if pad_d or pad_h or pad_w:
             x = x[:, :d, :h, :w, :]
-        return self.drop_path(x)
+        return x
 
     def _ffn_part(self, x: Tensor) -> Tensor:
-        return self.drop_path(self.mlp(self.norm2(x)))
+        return self.mlp(self.norm2(x))
+
+    def _residual(self, part: Callable[..., Tensor], modules: tuple[nn.Module, ...], ckpt: bool, x: Tensor,
+                  *args: Any) -> Tensor:
+        """``x + drop_path(part(x, *args))``, ``part`` checkpointed with ``ckpt``.
+
+        In training on the CPU the drop-path draw comes first, and a branch dropped for every sample is not computed:
+        timm's ``drop_path`` would multiply it by 0, so the sum is ``x`` either way; its parameters (``modules``')
+        get the zero gradients they would get (so Adam and DDP see them as before). The draw is the same
+        ``bernoulli_`` on the same generator at the same place in the stream (the branch draws no random numbers),
+        kept branches are scaled as timm scales them, so outputs and gradients are the same bits (but where a dropped
+        branch's output is not finite: timm's product is NaN there). At batch 1 (one clip a process, as VRT's recipes
+        train) a branch is skipped with its rate (VRT: 0-0.2 by block, 0.1 on average), with its activations; tiny VRT
+        train step 1.12x (benchmarks/RESULTS.md, "VRT speed by profiling, session 8"). Elsewhere (another device:
+        the check would synchronise; a graph being recorded) timm's ``DropPath`` runs.
+        """
+        drop = self.drop_path
+        if not (SKIP_DROPPED_BRANCHES and isinstance(drop, DropPath) and drop.training and drop.drop_prob > 0
+                and x.device.type == 'cpu' and not in_graph()):
+            y = checkpoint(part, x, *args, use_reentrant=False) if ckpt else part(x, *args)
+            return x + drop(y)
+        keep_prob = 1 - drop.drop_prob
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep_prob)  # timm's draw, 0 or 1
+        if not keep.any():
+            params = [p for m in modules for p in m.parameters() if p.requires_grad]
+            if not params or not torch.is_grad_enabled():
+                return x
+            return x + torch.stack([p.sum() for p in params]).sum() * 0  # zero gradients for the parameters
+        y = checkpoint(part, x, *args, use_reentrant=False) if ckpt else part(x, *args)
+        keep = keep.to(y.dtype)
+        if keep_prob > 0.0 and drop.scale_by_keep:
+            keep.div_(keep_prob)
+        return x + y * keep
 
     def forward(self, x: Tensor, mask: Tensor | ShiftMask | None) -> Tensor:
         """x: (B, D, H, W, C); mask: cached shift mask for the padded size (dense or :class:`ShiftMask`).
         Returns (B, D, H, W, C)."""
         grad = torch.is_grad_enabled()
-        if self.use_checkpoint_attn and grad:
-            x = x + checkpoint(self._attn_part, x, mask, use_reentrant=False)
-        else:
-            x = x + self._attn_part(x, mask)
-        if self.use_checkpoint_ffn and grad:
-            x = x + checkpoint(self._ffn_part, x, use_reentrant=False)
-        else:
-            x = x + self._ffn_part(x)
-        return x
+        x = self._residual(self._attn_part, (self.norm1, self.attn), self.use_checkpoint_attn and grad, x, mask)
+        return self._residual(self._ffn_part, (self.norm2, self.mlp), self.use_checkpoint_ffn and grad, x)
 
 
 class TMSAG(nn.Module):

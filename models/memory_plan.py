@@ -283,6 +283,8 @@ def _forward_pass(net: nn.Module, lq: Tensor, gt: Tensor, amp: torch.dtype | Non
             warnings.simplefilter("ignore")
             stack.enter_context(layers_warp.force_deterministic_kernels(deterministic and meta))
             stack.enter_context(_pass_hooks(tracker, emulation if meta else None))
+            # every drop-path branch computed: the estimate is the step whose draws keep them all
+            stack.enter_context(_patched("SKIP_DROPPED_BRANCHES", True, False))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t))
             stack.enter_context(emulation)
             stack.enter_context(autocast)

@@ -469,3 +469,42 @@ def test_geglu_without_autograd_runs_in_place_with_the_same_bits() -> None:
         assert 'aten.gelu_.default' in ops.names
         assert torch.equal(eager, recorded.detach())
 
+
+@pytest.mark.parametrize('ckpt', [False, True])
+def test_dropped_branch_is_not_computed_and_gives_the_same_bits(ckpt: bool) -> None:
+    """In CPU training a TMSA branch whose drop-path draw is 0 is not computed: output, input gradient, parameter
+    gradients (zeros for the dropped branch) and the RNG stream equal timm's ``x + drop_path(branch(x))`` bit for
+    bit, with and without checkpointing, over seeds that drop and keep each branch."""
+    torch.manual_seed(0)
+    blk = layers_attention.TMSA(12, 2, (2, 4, 4), (1, 2, 2), mut_attn=True, drop_path=0.5,
+                                use_checkpoint_attn=ckpt, use_checkpoint_ffn=ckpt).train()
+    x0 = torch.randn(1, 2, 8, 8, 12, generator=torch.Generator().manual_seed(1))
+    mask = compute_shift_mask(2, 8, 8, (2, 4, 4), (1, 2, 2), x0.device)
+    calls = {'attn': 0, 'mlp': 0}
+    blk.attn.register_forward_pre_hook(lambda *_: calls.__setitem__('attn', calls['attn'] + 1))
+    blk.mlp.register_forward_pre_hook(lambda *_: calls.__setitem__('mlp', calls['mlp'] + 1))
+
+    def timm_forward(x: Tensor) -> Tensor:  # the branches always computed, then multiplied by the draw
+        x = x + blk.drop_path(blk._attn_part(x, mask))
+        return x + blk.drop_path(blk._ffn_part(x))
+
+    def run(fn: Callable[[Tensor], Tensor], seed: int) -> list[Tensor | None]:
+        blk.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        torch.manual_seed(seed)
+        out = fn(x)
+        out.backward(torch.ones_like(out))
+        return [out.detach(), x.grad, torch.get_rng_state(), *(p.grad for p in blk.parameters())]
+
+    draws = []
+    for seed in range(8):
+        torch.manual_seed(seed)
+        draws.append([torch.empty(1).bernoulli_(0.5).item() for _ in range(2)])  # attention's, then the MLP's
+        before = dict(calls)
+        ours = run(lambda x: blk(x, mask), seed)
+        runs = 2 if ckpt else 1  # a checkpointed branch runs again in backward
+        assert [calls[k] - before[k] for k in ('attn', 'mlp')] == [d * runs for d in draws[-1]], seed
+        plain = run(timm_forward, seed)
+        for i, (a, b) in enumerate(zip(ours, plain)):
+            assert a is not None and torch.equal(a, b), (seed, i)
+    assert {d[0] for d in draws} == {d[1] for d in draws} == {0.0, 1.0}  # each branch both dropped and kept
