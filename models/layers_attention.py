@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from models.layers_conv import eager_no_grad, in_graph
+from models.layers_linear import Linear
 from models.layers_sdpa import attention
 from models.layers_window import (
     ShiftMask,
@@ -49,10 +50,10 @@ class MlpGEGLU(nn.Module):
     def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None):
         super().__init__()
         hidden_features = hidden_features or in_features
-        self.fc11 = nn.Linear(in_features, hidden_features)
-        self.fc12 = nn.Linear(in_features, hidden_features)
+        self.fc11 = Linear(in_features, hidden_features)
+        self.fc12 = Linear(in_features, hidden_features)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_features, out_features or in_features)
+        self.fc2 = Linear(hidden_features, out_features or in_features)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., C_in) -> (..., C_out)."""
@@ -95,11 +96,11 @@ class WindowAttention(nn.Module):
         table_size = (2 * window_size[0] - 1) * (2 * window_size[1] - 1) * (2 * window_size[2] - 1)
         self.relative_position_bias_table = nn.Parameter(torch.zeros(table_size, num_heads))
         self.register_buffer('relative_position_index', relative_position_index(self.window_size))
-        self.qkv_self = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv_self = Linear(dim, dim * 3, bias=qkv_bias)
         if mut_attn:
             self.register_buffer('position_bias', sine_position_encoding(self.window_size[1:], dim // 2))
-            self.qkv_mut = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(2 * dim if mut_attn else dim, dim)
+            self.qkv_mut = Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = Linear(2 * dim if mut_attn else dim, dim)
         if bias_table_std > 0:
             trunc_normal_(self.relative_position_bias_table, std=bias_table_std)
 
@@ -412,7 +413,7 @@ class RTMSA(nn.Module):
         super().__init__()
         self.residual_group = TMSAG(dim, depth, num_heads, window_size, mut_attn=False, mlp_ratio=mlp_ratio,
                                     qkv_bias=qkv_bias, **kwargs)
-        self.linear = nn.Linear(dim, dim)
+        self.linear = Linear(dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, D, H, W, C) -> (B, D, H, W, C)."""

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from models.layers_attention import RTMSA, TMSAG, MlpGEGLU, Size3
 from models.layers_conv import FrameConv, Upsample, in_graph
 from models.layers_deform_conv import DCNv2PackFlowGuided
+from models.layers_linear import Linear
 from models.layers_warp import flow_warp, pad
 from models.net_io import NetIO
 from models.network_spynet import SpyNet
@@ -85,12 +86,12 @@ class Stage(nn.Module):
         elif reshape == 'down':
             self.reshape = nn.Sequential(
                 Rearrange('n d (h neih) (w neiw) c -> n d h w (neiw neih c)', neih=2, neiw=2),
-                nn.LayerNorm(4 * in_dim), nn.Linear(4 * in_dim, dim),
+                nn.LayerNorm(4 * in_dim), Linear(4 * in_dim, dim),
             )
         elif reshape == 'up':
             self.reshape = nn.Sequential(
                 Rearrange('n d h w (neiw neih c) -> n d (h neih) (w neiw) c', neih=2, neiw=2),
-                nn.LayerNorm(in_dim // 4), nn.Linear(in_dim // 4, dim),
+                nn.LayerNorm(in_dim // 4), Linear(in_dim // 4, dim),
             )
         else:
             raise ValueError(f"Stage reshape must be 'none', 'down' or 'up', got {reshape!r}")
@@ -100,11 +101,11 @@ class Stage(nn.Module):
                   'use_checkpoint_attn': use_checkpoint_attn, 'use_checkpoint_ffn': use_checkpoint_ffn}
         self.residual_group1 = TMSAG(dim, n_mut, num_heads, (2, window_size[1], window_size[2]), True,
                                      drop_path=rates[:n_mut], **common)
-        self.linear1 = nn.Linear(dim, dim)
+        self.linear1 = Linear(dim, dim)
         # the reference passes the full rate list to both groups, so block j of either group gets rates[j]
         self.residual_group2 = TMSAG(dim, depth - n_mut, num_heads, window_size, False,
                                      drop_path=rates[:depth - n_mut], **common)
-        self.linear2 = nn.Linear(dim, dim)
+        self.linear2 = Linear(dim, dim)
         if pa_frames:
             self.pa_deform = DCNv2PackFlowGuided(dim, deformable_groups, max_residue_magnitude, pa_frames)
             self.pa_fuse = MlpGEGLU(dim * 3, dim * 3, dim)
@@ -274,7 +275,7 @@ class VRT(nn.Module):
             ))
         # index 0 stands for the reference's layout change, keeping LayerNorm / Linear at indices 1 / 2
         self.stage8 = nn.ModuleList([
-            nn.Sequential(nn.Identity(), nn.LayerNorm(embed_dims[6]), nn.Linear(embed_dims[6], embed_dims[7]))
+            nn.Sequential(nn.Identity(), nn.LayerNorm(embed_dims[6]), Linear(embed_dims[6], embed_dims[7]))
         ])
         for i in range(7, n_stages):
             self.stage8.append(RTMSA(
@@ -284,7 +285,7 @@ class VRT(nn.Module):
                 use_checkpoint_ffn=ckpt_ffn[i], **common,
             ))
         self.norm = norm_layer(embed_dims[-1])
-        self.conv_after_body = nn.Linear(embed_dims[-1], embed_dims[0])
+        self.conv_after_body = Linear(embed_dims[-1], embed_dims[0])
 
         num_feat = 64
         if pa_frames:
