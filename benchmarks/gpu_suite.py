@@ -109,15 +109,15 @@ def _kernel_summary(calls: list[dict[str, Any]], backward: Counter[str]) -> dict
 class Suite:
     """Runs the sections, keeps their results and the time budget."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, command: str) -> None:
         self.args = args
+        self.command = command  # as suite.md quotes it
         self.device = torch.device(args.device)
         self.quick = args.quick
         self.start = time.perf_counter()
         self.results: dict[str, Any] = {}
         self.failed: list[str] = []
         self.problems: list[str] = []  # expectations a section measured as unmet (the run exits 1)
-        self.command = 'python benchmarks/gpu_suite.py ' + ' '.join(args.argv)
 
     def run(self, name: str, fn: Callable[[], Any]) -> None:
         if self.over_budget():
@@ -461,7 +461,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--only', nargs='+', help='run only these sections')
     parser.add_argument('--threads', type=int, help='torch.set_num_threads (default: 1 for --quick on the CPU)')
     args = parser.parse_args(argv)
-    args.argv = argv if argv is not None else sys.argv[1:]
     utils_numerics.prepare_environment(True)  # CUBLAS_WORKSPACE_CONFIG before cuBLAS starts (deterministic section)
     if args.threads or (args.quick and args.device == 'cpu'):
         torch.set_num_threads(args.threads or 1)  # many small kernels: more threads only oversubscribe
@@ -470,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.device == 'cuda':
         args.device = 'cuda:0'
-    suite = Suite(args)
+    suite = Suite(args, 'python benchmarks/gpu_suite.py ' + ' '.join(argv if argv is not None else sys.argv[1:]))
     sections = {'environment': environment, 'goldens': goldens, 'parity': parity, 'train': train,
                 'ddp': ddp_section, 'gan': gan_section, 'deterministic': deterministic_section, 'tiled': tiled,
                 'metrics': metrics_section, 'compile': compile_section}

@@ -318,11 +318,13 @@ class TMSA(nn.Module):
         train step 1.12x (benchmarks/RESULTS.md, "VRT speed by profiling, session 8"). Elsewhere (another device:
         the check would synchronise; a graph being recorded) timm's ``DropPath`` runs.
         """
+        def branch() -> Tensor:
+            return checkpoint(part, x, *args, use_reentrant=False) if ckpt else part(x, *args)
+
         drop = self.drop_path
         if not (SKIP_DROPPED_BRANCHES and isinstance(drop, DropPath) and drop.training and drop.drop_prob > 0
                 and x.device.type == 'cpu' and not in_graph()):
-            y = checkpoint(part, x, *args, use_reentrant=False) if ckpt else part(x, *args)
-            return x + drop(y)
+            return x + drop(branch())
         keep_prob = 1 - drop.drop_prob
         keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep_prob)  # timm's draw, 0 or 1
         if not keep.any():
@@ -330,7 +332,7 @@ class TMSA(nn.Module):
             if not params or not torch.is_grad_enabled():
                 return x
             return x + torch.stack([p.sum() for p in params]).sum() * 0  # zero gradients for the parameters
-        y = checkpoint(part, x, *args, use_reentrant=False) if ckpt else part(x, *args)
+        y = branch()
         keep = keep.to(y.dtype)
         if keep_prob > 0.0 and drop.scale_by_keep:
             keep.div_(keep_prob)

@@ -31,7 +31,6 @@ networks and crops: the demo, the tests) are kept, which saves the second sampli
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -39,8 +38,6 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from models.layers_warp import autocast_off, grid_sample
-
-logger = logging.getLogger(__name__)
 
 _COMPILED: dict[str, object] = {}
 

@@ -33,7 +33,7 @@ from models.model_zoo import TASKS
 from models.network_rvrt import RVRT
 from models.network_vrt import VRT
 from models.video_inference import infer_video
-from tests.support.golden import RVRT_GOLDEN, VRT_GOLDEN, assert_grads_close, deterministic_fill
+from tests.support.golden import RVRT_GOLDEN, VRT_GOLDEN, assert_grads_close, deterministic_fill, grad_errors
 from tests.support.helpers import RVRT_TINY_OPT, VRT_TINY_OPT, assert_ok, assert_same_run, base_env, single, write_opt
 from utils import utils_checkpoint as ckpt
 from utils import utils_numerics
@@ -83,9 +83,7 @@ def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _print_golden_errors(case: str, out: torch.Tensor, expected: torch.Tensor, net: torch.nn.Module,
                          grads: dict[str, torch.Tensor]) -> None:
     """The largest output error and gradient error (relative to each gradient's largest entry) against a fixture."""
-    params = dict(net.named_parameters())
-    errors = {name: float((params[name].grad.cpu() - g).abs().max() / g.abs().max().clamp_min(1e-12))
-              for name, g in grads.items()}
+    errors = grad_errors(net, grads)
     worst = max(errors, key=errors.get)
     print(f'{case}: output {float((out.detach().cpu() - expected).abs().max()):.2e}, '
           f'gradient {errors[worst]:.2e} ({worst})')

@@ -57,12 +57,16 @@ def assert_same_layout(net_cls: type[nn.Module], entry: dict[str, Any]) -> None:
     assert sum(p.numel() for p in net.parameters()) == entry['num_params']
 
 
+def grad_errors(net: nn.Module, grads: dict[str, Tensor]) -> dict[str, float]:
+    """Per recorded parameter: the largest difference of ours from its gradient, relative to its largest entry."""
+    params = dict(net.named_parameters())
+    return {name: float((params[name].grad - grad.to(params[name].grad.device)).abs().max()
+                        / grad.abs().max().clamp_min(1e-12)) for name, grad in grads.items()}
+
+
 def assert_grads_close(net: nn.Module, grads: dict[str, Tensor], case: str, rel: float = 2e-3) -> None:
     """Each recorded parameter gradient equals ours within ``rel`` of its largest magnitude."""
-    params = dict(net.named_parameters())
-    for name, grad in grads.items():
-        scale = grad.abs().max().clamp_min(1e-12)
-        err = (params[name].grad - grad).abs().max() / scale
+    for name, err in grad_errors(net, grads).items():
         assert err < rel, f'{case}: gradient of {name} differs by {err:.2e} (relative to max)'
 
 
