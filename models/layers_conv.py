@@ -12,6 +12,7 @@ other dtypes of the fused steps, autocast and other devices keep the plain ops.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -20,14 +21,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+@functools.cache
+def nchw_trains_faster() -> bool:
+    """True on CPUs whose widest vector unit is AVX2 (``torch.backends.cpu.get_cpu_capability()``): there oneDNN's
+    channels-last convolution backward, the weight gradient above all, runs 1.2-3x slower than on NCHW, more than
+    channels-last saves in the forward (AMD EPYC, AVX2: VRT's 64 -> 64 head convolution at 256 x 256, forward and
+    backward, 156 ms NCHW against 212 ms channels-last; benchmarks/RESULTS.md, "Training layout on AVX2"). On
+    AVX-512 CPUs channels-last is the faster layout both ways (Intel Xeon, "BasicVSR++ and RVRT against their
+    references")."""
+    return torch.backends.cpu.get_cpu_capability() == 'AVX2'
+
+
 def conv_layout(x: Tensor) -> Tensor:
     """``x`` (N, C, H, W) in the memory layout its convolutions run fastest on: channels-last on the CPU (oneDNN
-    reorders NCHW inputs on every call; its convolutions run 1.1-2x faster, forward and backward, on channels-last,
-    benchmarks/RESULTS.md "BasicVSR++ and RVRT against their references"), as it is elsewhere and for float64 (no
-    oneDNN kernel). Convolutions keep the layout of their input, so only concatenations need it set again."""
-    if x.device.type == 'cpu' and x.dtype != torch.float64:
-        return x.contiguous(memory_format=torch.channels_last)
-    return x
+    reorders NCHW inputs on every call; its convolutions run 1.1-2x faster on channels-last, benchmarks/RESULTS.md
+    "BasicVSR++ and RVRT against their references"), except where gradients are recorded on a CPU on which NCHW
+    trains faster (:func:`nchw_trains_faster`); as it is elsewhere and for float64 (no oneDNN kernel).
+    Convolutions keep the layout of their input, so only concatenations need it set again."""
+    if x.device.type != 'cpu' or x.dtype == torch.float64:
+        return x
+    if torch.is_grad_enabled() and nchw_trains_faster():
+        return x.contiguous()
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 def in_graph() -> bool:

@@ -32,7 +32,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from models.layers_attention import RTMSA
-from models.layers_conv import Upsample, conv_act, frame_conv, in_graph
+from models.layers_conv import Upsample, conv_act, conv_layout, frame_conv, in_graph
 from models.layers_guided_deform_attn import GuidedDeformAttnPack
 from models.layers_warp import flow_warp
 from models.net_io import NetIO
@@ -352,7 +352,7 @@ class RVRT(nn.Module):
     def _head(self, feats: Tensor, lqs: Tensor) -> Tensor:
         """Reconstruction + upsampling + skip: feats (N, T, 5C, h, w), lqs (N, T, 3, H, W) -> (N, T, 3, 4h, 4w)."""
         n, t = feats.shape[:2]
-        x = self.reconstruction(feats).flatten(0, 1)
+        x = conv_layout(self.reconstruction(feats).flatten(0, 1))
         x = conv_act(self.conv_before_upsampler[0], x, 0.1)
         if not in_graph() and x.device.type == 'cpu':  # a traced graph keeps all frames
             # one frame at a time through the upsampler: its activations (64 channels at 4x, 16 MiB a 64 x 64 frame)

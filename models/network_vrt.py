@@ -27,7 +27,7 @@ from einops.layers.torch import Rearrange
 from torch import Tensor, nn
 
 from models.layers_attention import RTMSA, TMSAG, MlpGEGLU, Size3
-from models.layers_conv import FrameConv, Upsample, in_graph
+from models.layers_conv import FrameConv, Upsample, conv_layout, in_graph
 from models.layers_deform_conv import DCNv2PackFlowGuided
 from models.layers_linear import Linear
 from models.layers_warp import flow_warp, pad
@@ -431,9 +431,9 @@ class VRT(nn.Module):
         feat = self._body(torch.cat(parts, 2), flows_backward, flows_forward)
         b, d, h, w, c = feat.shape
         # (B*D, C, H, W) as a view of the channels-last features (channels_last memory format, no copy): oneDNN's
-        # convolutions keep that layout through the head and run 1.3-2x faster on it than on NCHW (forward and
-        # backward; benchmarks/RESULTS.md, "Speed by profiling")
-        feat = feat.reshape(b * d, h, w, c).permute(0, 3, 1, 2)
+        # convolutions keep that layout through the head and run 1.3-2x faster on it than on NCHW
+        # (benchmarks/RESULTS.md, "Speed by profiling"); conv_layout copies it to NCHW where that trains faster
+        feat = conv_layout(feat.reshape(b * d, h, w, c).permute(0, 3, 1, 2))
         if self.upscale == 1:
             out = self.conv_last(feat).contiguous()
             return out.view(b, d, -1, h, w) + x_lq

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.layers_conv import Conv2d, FrameConv, Upsample, conv_act, conv_add_, frame_conv
+from tests.support.golden import assert_grads_close, grad_errors
 
 FUSED = {'mkldnn::_convolution_pointwise', 'mkldnn::_convolution_pointwise_'}
 
@@ -130,3 +131,64 @@ def test_upsample_keeps_one_shuffle_buffer_without_autograd_and_releases_it(scal
     assert '_shuffle_buffer' not in up.__dict__ and '_shuffle_buffer' in other.__dict__
     up(x.clone().requires_grad_()).sum().backward()  # a training call releases the EMA-like copy's buffer too
     assert '_shuffle_buffer' not in other.__dict__
+
+
+def test_conv_layout_trains_in_nchw_where_that_is_faster(monkeypatch) -> None:
+    """conv_layout: channels-last without gradients; with gradients NCHW where nchw_trains_faster (AVX2 CPUs), else
+    channels-last; float64 untouched."""
+    import models.layers_conv as lc
+    x = torch.rand(2, 8, 6, 5)
+    for faster in (True, False):
+        monkeypatch.setattr(lc, 'nchw_trains_faster', lambda faster=faster: faster)
+        with torch.no_grad():
+            assert lc.conv_layout(x).is_contiguous(memory_format=torch.channels_last)
+        trained = lc.conv_layout(x.contiguous(memory_format=torch.channels_last))
+        assert trained.is_contiguous() is faster
+        assert trained.is_contiguous(memory_format=torch.channels_last) is not faster
+        assert lc.conv_layout(x.double()).stride() == x.stride()
+        assert torch.equal(trained, x)
+
+
+class _ConvLayouts(TorchDispatchMode):
+    """(input width, NCHW-contiguous) of every convolution that reaches the dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, bool]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution.default:
+            self.seen.append((args[0].shape[-1], args[0].is_contiguous()))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('net_type', ['vrt', 'rvrt', 'basicvsrpp'])
+def test_both_training_layouts_give_the_same_gradients(net_type: str, monkeypatch) -> None:
+    """A tiny network trained in NCHW (nchw_trains_faster) and in channels-last: the same loss and parameter gradients
+    to rounding, and the head's convolutions (those at the output width) really get each layout."""
+    import models.layers_conv as lc
+    from models.select_network import define_network, network_kwargs
+    from tests.support.networks import tiny_net
+    torch.manual_seed(0)
+    net = define_network(net_type, network_kwargs(tiny_net(net_type))).train()
+    x = torch.rand(1, 3, 3, 40, 40)
+    results = []
+    for faster in (True, False):
+        monkeypatch.setattr(lc, 'nchw_trains_faster', lambda faster=faster: faster)
+        net.zero_grad()
+        torch.manual_seed(1)
+        with _ConvLayouts() as spy:
+            loss = net(x).square().mean()
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}))
+        widest = max(w for w, _ in spy.seen)
+        head = [nchw for w, nchw in spy.seen if w == widest]
+        assert head and all(nchw is faster for nchw in head), (faster, spy.seen)
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=0)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    errors = grad_errors(net, grads_a)  # net holds the channels-last run's gradients
+    print(net_type, 'largest gradient differences, relative to each tensor\'s largest entry:',
+          sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+    # the goldens' tolerance: fp32 rounding, amplified in the offset branches and SpyNet (tests/support/golden.py)
+    assert_grads_close(net, grads_a, net_type, rel=5e-3)  # measured 1.4e-3 (VRT, AMD EPYC)
