@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.basicvsrpp_keymap import from_mmagic
-from models.layers_conv import Conv2d, add_into, cat_layout, conv_act, conv_add_, conv_layout, eager_no_grad
+from models.layers_conv import Conv2d, add_into, cat_layout, conv_act, conv_add_, conv_layout, eager_no_grad, in_graph
 from models.layers_deform_conv import modulated_deform_conv3x3
 from models.layers_warp import autocast_off, flow_warp
 from models.net_io import NetIO
@@ -337,6 +337,12 @@ class BasicVSRPlusPlus(nn.Module):
         return outputs[::-1] if backward else outputs
 
     # ----------------------------------------------------------------------------------------------- head
+    @staticmethod
+    def _head_frame_by_frame(device: torch.device, cache: bool) -> bool:
+        """Whether the head takes one frame at a time: on the CPU, in eager mode (a traced graph keeps the frames
+        together), and not in cache mode (whose chunks are for a GPU)."""
+        return device.type == 'cpu' and not cache and not in_graph()
+
     def _head(self, feats: Tensor, lqs: Tensor) -> Tensor:
         """Reconstruction + x4 pixel-shuffle upsampling + skip: (M, 5C, h, w), (M, 3, H, W) -> (M, 3, H', W')."""
         x = self.reconstruction(feats)
@@ -390,14 +396,16 @@ class BasicVSRPlusPlus(nn.Module):
 
         outputs = []
         for s, e in chunks:
-            if not eager_no_grad() or device.type != 'cpu' or cache:
+            if not self._head_frame_by_frame(device, cache):
                 hr = torch.cat([torch.stack([feats[k][i] for i in range(s, e)], 1).to(device) for k in feats], dim=2)
                 out = self._head(hr.flatten(0, 1), lqs[:, s:e].flatten(0, 1))
                 out = out.view(n, e - s, *out.shape[1:])
             else:
-                # one frame at a time, its features copied once into the head's channels-last input: the head's
-                # activations (64 channels at 4x) then stay small enough for the allocator to reuse freed memory
-                # instead of faulting in fresh pages on each call (the head 1.15x faster, same bits)
+                # one frame at a time, its features copied once into the head's input: the head's activations
+                # (64 channels at 4x) then stay small enough for the allocator to reuse freed memory instead of
+                # faulting in fresh pages on each call (without autograd the head 1.15x faster, same bits; in training
+                # 1.1x the whole step, the weight gradients summed over frames in another order: benchmarks/RESULTS.md,
+                # "Training layout on AVX2")
                 out = torch.stack([self._head(cat_layout([feats[k][i] for k in feats]), lqs[:, i])
                                    for i in range(s, e)], 1)
             outputs.append(out.to(store))

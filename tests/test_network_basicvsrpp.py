@@ -420,6 +420,9 @@ def test_cpu_cache_mode_equals_the_plain_forward(low_res: bool, monkeypatch) -> 
     weight gradients are summed over the chunks in another order: within 5e-5 of the largest entry (measured 7e-6;
     SpyNet's gradients are tiny sums of cancelling terms, see ``GRAD_REL``)."""
     net = _tiny(is_low_res_input=low_res)
+    # the plain forward's head on the frames together too, as in cache mode (and on a GPU): on the CPU it takes one
+    # frame at a time, whose convolutions round otherwise
+    monkeypatch.setattr(net, '_head_frame_by_frame', lambda device, cache: False)
     size = 36 if low_res else 132
     monkeypatch.setattr(bvpp, 'HEAD_PIXELS', 2 * (size if low_res else size // 4) ** 2)  # chunks of 2 frames
     chunks = []
@@ -434,6 +437,31 @@ def test_cpu_cache_mode_equals_the_plain_forward(low_res: bool, monkeypatch) -> 
     for name, grad in grads.items():
         tol = 5e-5 * grad.abs().max().item() if name.startswith('spynet.') else 0
         torch.testing.assert_close(c_grads[name], grad, atol=tol, rtol=0, msg=name)
+
+
+def test_cpu_training_takes_the_head_one_frame_at_a_time(monkeypatch) -> None:
+    """CPU training runs the x4 head frame by frame (the whole step 1.1x, benchmarks/RESULTS.md): the head is really
+    called once a frame, and output and gradients equal the head on all frames at once to rounding."""
+    net = _tiny().train()
+    x = torch.rand(1, 3, 3, 36, 36, generator=torch.Generator().manual_seed(6))
+    calls = []
+    real = net._head
+    monkeypatch.setattr(net, '_head', lambda feats, lqs: calls.append(feats.shape[0]) or real(feats, lqs))
+    results = []
+    for together in (False, True):
+        if together:
+            monkeypatch.setattr(net, '_head_frame_by_frame', lambda device, cache: False)
+        calls.clear()
+        net.zero_grad()
+        out = net(x)
+        out.square().mean().backward()
+        results.append((out.detach(), {k: p.grad.clone() for k, p in net.named_parameters()}, list(calls)))
+    (out, grads, calls_frames), (out_all, grads_all, calls_all) = results
+    assert calls_frames == [1, 1, 1] and calls_all == [3]
+    torch.testing.assert_close(out, out_all, atol=1e-6, rtol=0)
+    for name, grad in grads_all.items():
+        net.get_parameter(name).grad = grads[name]
+    assert_grads_close(net, grads_all, 'frame by frame', rel=1e-4)
 
 
 def test_cpu_cache_mode_returns_on_the_input_device() -> None:
