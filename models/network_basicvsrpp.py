@@ -404,7 +404,7 @@ class BasicVSRPlusPlus(nn.Module):
                 # one frame at a time, its features copied once into the head's input: the head's activations
                 # (64 channels at 4x) then stay small enough for the allocator to reuse freed memory instead of
                 # faulting in fresh pages on each call (without autograd the head 1.15x faster, same bits; in training
-                # 1.1x the whole step, the weight gradients summed over frames in another order: benchmarks/RESULTS.md,
+                # 1.17x the whole step, the weight gradients summed over frames in another order: benchmarks/RESULTS.md,
                 # "Training layout on AVX2")
                 out = torch.stack([self._head(cat_layout([feats[k][i] for k in feats]), lqs[:, i])
                                    for i in range(s, e)], 1)

@@ -440,7 +440,7 @@ def test_cpu_cache_mode_equals_the_plain_forward(low_res: bool, monkeypatch) -> 
 
 
 def test_cpu_training_takes_the_head_one_frame_at_a_time(monkeypatch) -> None:
-    """CPU training runs the x4 head frame by frame (the whole step 1.1x, benchmarks/RESULTS.md): the head is really
+    """CPU training runs the x4 head frame by frame (the whole step 1.17x, benchmarks/RESULTS.md): the head is really
     called once a frame, and output and gradients equal the head on all frames at once to rounding."""
     net = _tiny().train()
     x = torch.rand(1, 3, 3, 36, 36, generator=torch.Generator().manual_seed(6))
