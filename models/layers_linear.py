@@ -4,7 +4,8 @@ ATen's CPU ``addmm`` first copies the bias into every row of the output and then
 oneDNN's ``linear`` adds the bias as the product is written (``torch.ops.mkldnn._linear_pointwise``, what inductor's
 CPU backend calls). On the window attention's shapes (24,576 tokens, 24-36 channels in, 24-108 out) that is
 1.3-1.7x faster with the same bits; in a tiny VRT forward the bias copies were 4% of the time
-(benchmarks/RESULTS.md, "VRT forward: oneDNN linear"). Training, other devices, other dtypes, autocast and recorded
+(benchmarks/RESULTS.md, "VRT forward: oneDNN linear"). On AVX2 CPUs 8 output features round otherwise (about 1e-6,
+"Training layout on AVX2"). Training, other devices, other dtypes, autocast and recorded
 graphs keep ``F.linear`` (hooks run either way: the module's own call is kept).
 """
 

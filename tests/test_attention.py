@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import layers_attention, layers_sdpa, layers_window
+from models import layers_attention, layers_linear, layers_sdpa, layers_window
 from models.layers_attention import TMSAG, MlpGEGLU, WindowAttention
 from models.layers_sdpa import attention, record_attention_calls
 from models.layers_window import compute_mask, compute_shift_mask, window_partition, window_reverse
@@ -259,7 +259,9 @@ def test_grouped_windows_equal_the_dense_mask_path(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(layers_attention, 'compute_shift_mask', compute_mask)  # what an ONNX graph takes
     dense = run()
     assert torch.equal(grouped[0], dense[0])
-    _assert_close_all(grouped[1:], dense[1:], 1e-6, ['grad x'] + [n for n, _ in group.named_parameters()])
+    # each path's gradients lie within 6.1e-7 of a float64 run's (relative to the largest entry), in opposite
+    # directions: 1.15e-6 apart on an AMD EPYC (AVX2), where the sums over tokens run in other blocks
+    _assert_close_all(grouped[1:], dense[1:], 2e-6, ['grad x'] + [n for n, _ in group.named_parameters()])
 
 
 def test_spans_are_balanced_and_cover() -> None:
@@ -368,8 +370,11 @@ def test_mask_above_budget_is_built_but_not_kept(monkeypatch: pytest.MonkeyPatch
     assert fresh_cache.keys() == [] and fresh_cache.nbytes(torch.device('cpu')) == 0
 
 
-def test_mask_made_during_inference_serves_training(fresh_cache) -> None:
+def test_mask_made_during_inference_serves_training(fresh_cache, monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation (inference mode) builds the mask first; the next training step uses the cached one."""
+    # inference's linears ATen's too, as training's: oneDNN's (layers_linear) rounds otherwise on AVX2 CPUs for 8
+    # output features (benchmarks/RESULTS.md, "Training layout on AVX2")
+    monkeypatch.setattr(layers_linear, '_fast', lambda module, x: False)
     torch.manual_seed(0)
     group = TMSAG(dim=8, depth=2, num_heads=2, window_size=(2, 4, 4), mut_attn=True, qkv_bias=True)
     x = torch.randn(1, 4, 8, 8, 8)

@@ -31,10 +31,14 @@ def test_niqe_equals_basicsr_on_video_frames():
     scorer = MetricSuite(resolve(["niqe"], have_gt=False)).scorer("pan")
     rows = scorer.update(to_tensor(decoded[:4]), None, 0) + scorer.update(to_tensor(decoded[4:]), None, 4)
     got = [r["niqe"] for r in rows]
-    assert np.abs(np.array(got) - REF["niqe_video_decoded"]).max() < 1e-3
+    # BasicSR's own NIQE on an AMD EPYC (AVX2) is up to 1.8e-3 off these values (decoded frames; 1.1e-3 the source),
+    # which were recorded on an AVX-512 Xeon: NIQE's float32 resize and normalisation round with the CPU, and its
+    # local variance amplifies that. Ours equals BasicSR's on that machine to 5e-7 (benchmarks/RESULTS.md, "Training
+    # layout on AVX2")
+    assert np.abs(np.array(got) - REF["niqe_video_decoded"]).max() < 3e-3
     assert scorer.finish()["niqe"] == pytest.approx(np.mean(REF["niqe_video_decoded"]), abs=1e-3)
     source = [niqe_rgb(f) for f in pan_frames()]
-    assert np.abs(np.array(source) - REF["niqe_video_source"]).max() < 1e-3
+    assert np.abs(np.array(source) - REF["niqe_video_source"]).max() < 3e-3
     assert min(got) > max(source)  # the codec's artefacts read as less natural
 
 
