@@ -10,8 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from models import layers_conv as lc
 from models.layers_conv import Conv2d, FrameConv, Upsample, conv_act, conv_add_, frame_conv
+from models.select_network import define_network, network_kwargs
 from tests.support.golden import assert_grads_close, grad_errors
+from tests.support.networks import tiny_net
 
 FUSED = {'mkldnn::_convolution_pointwise', 'mkldnn::_convolution_pointwise_'}
 
@@ -136,7 +139,6 @@ def test_upsample_keeps_one_shuffle_buffer_without_autograd_and_releases_it(scal
 def test_conv_layout_trains_in_nchw_where_that_is_faster(monkeypatch) -> None:
     """conv_layout: channels-last without gradients; with gradients NCHW where nchw_trains_faster (AVX2 CPUs), else
     channels-last; float64 untouched."""
-    import models.layers_conv as lc
     x = torch.rand(2, 8, 6, 5)
     for faster in (True, False):
         monkeypatch.setattr(lc, 'nchw_trains_faster', lambda faster=faster: faster)
@@ -166,9 +168,6 @@ class _ConvLayouts(TorchDispatchMode):
 def test_both_training_layouts_give_the_same_gradients(net_type: str, monkeypatch) -> None:
     """A tiny network trained in NCHW (nchw_trains_faster) and in channels-last: the same loss and parameter gradients
     to rounding, and the head's convolutions (those at the output width) really get each layout."""
-    import models.layers_conv as lc
-    from models.select_network import define_network, network_kwargs
-    from tests.support.networks import tiny_net
     torch.manual_seed(0)
     net = define_network(net_type, network_kwargs(tiny_net(net_type))).train()
     x = torch.rand(1, 3, 3, 40, 40)
