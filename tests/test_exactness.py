@@ -288,3 +288,30 @@ def test_iart_two_processes_equal_one_accumulating(iart_reference, tmp_path):
     assert "Global batch 2 = 1 per process x 2 process(es) x 1 accumulation step(s)" in log
     _copy_reference_log(ref_path, tmp_path, "ddp")
     assert_same_run(tmp_path, "ref", "ddp", 3)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# BasicVSR++: 2 processes == 1 accumulating, with its CPU training head (one frame at a time: the weight gradients
+# are sums over frames, whose order the processes must not change)
+# ----------------------------------------------------------------------------------------------------------------
+# A tiny x4 BasicVSR++ (SpyNet, second-order deformable alignment) with EMA, 2 micro-batches of 1 clip of 3 frames a
+# step, SpyNet frozen for step 1 then trained at lr x 0.25 (the recipes' keys), so DDP is re-wrapped once.
+BASICVSRPP_TINY_OPT = {
+    **VRT_TINY_OPT, "task": "basicvsrpp", "scale": 4,
+    "netG": {"net_type": "basicvsrpp", "mid_channels": 8, "num_blocks": 1, "spynet_path": None},
+    "datasets": {"train": {**VRT_TINY_OPT["datasets"]["train"], "task": "sr", "gt_size": 144, "num_frame": 3,
+                           "dataloader_num_workers": 0}},
+    "train": {**VRT_TINY_OPT["train"], "fix_iter": 2, "fix_keys": ["spynet"], "fix_lr_mul": 0.25, "total_iter": 2,
+              "checkpoint_save": 2},
+}
+
+
+def test_basicvsrpp_two_processes_equal_one_accumulating(tmp_path):
+    opt = write_opt(tmp_path, base=BASICVSRPP_TINY_OPT)
+    assert_ok(_run(tmp_path, opt, "ref"))
+    proc = _run(tmp_path, opt, "ddp", "train.grad_accum_steps=1", nproc=2)
+    assert_ok(proc)
+    log = open(os.path.join(tmp_path, "experiments", "ddp", "train.log")).read()
+    assert "Global batch 2 = 1 per process x 2 process(es) x 1 accumulation step(s)" in log
+    assert "Unfreeze" in proc.stdout
+    assert_same_run(tmp_path, "ref", "ddp", 2)

@@ -190,4 +190,6 @@ def test_both_training_layouts_give_the_same_gradients(net_type: str, monkeypatc
     print(net_type, 'largest gradient differences, relative to each tensor\'s largest entry:',
           sorted(errors.items(), key=lambda kv: -kv[1])[:3])
     # the goldens' tolerance: fp32 rounding, amplified in the offset branches and SpyNet (tests/support/golden.py)
-    assert_grads_close(net, grads_a, net_type, rel=5e-3)  # measured 1.4e-3 (VRT, AMD EPYC)
+    # measured (VRT, the worst tensor): 1.4e-3 on an AMD EPYC with AVX2 (Zen 3), 6.1e-3 on one with AVX-512 (Zen 4;
+    # stage5.pa_deform.bias): the sampling offsets amplify rounding; RVRT 7.0e-5 / 1.8e-6, BasicVSR++ 7.1e-6 / 5.4e-6
+    assert_grads_close(net, grads_a, net_type, rel=1.5e-2 if net_type == 'vrt' else 5e-4)

@@ -31,12 +31,27 @@ FIELDS_RE = re.compile(r"iter:\s+([\d,]+), lr:(\S+)> (G_loss: .*?) sec_iter")  #
 
 
 # On a CPU whose kernels differ from the recording machine's (another dispatch level, vendor or instruction set),
-# float sums run in another order: weights are compared within these, 6-12x what the recording machine measured
-# with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (plain: G 2.0e-8, E 7.5e-9; fp16 GAN: G 3.9e-5, E 7.0e-6,
-# D 1.6e-4) and 10x below what a resume without the optimizer states (plain: G 5.3e-3, E 1.3e-3; GAN: G 3.1e-3,
-# E 5.9e-4, D 2.3e-2) or with the EMA copy restarted from G (E 1.1e-3 / 5.9e-4) moves them. Step counts, learning
-# rates, the GradScaler, the RNG streams and the sampler position are compared exactly everywhere.
-OTHER_KERNELS_ATOL = {"plain": {"G": 1e-6, "E": 1e-6}, "gan": {"G": 3e-4, "E": 5e-5, "D": 2e-3}}
+# float sums run in another order, and Adam's first steps after the fix_iter phase change (a fresh moment for the
+# unfrozen layer) move each weight by about +-lr whatever the size of its gradient, so a gradient near zero that
+# rounds to the other sign moves its weight by ~2 lr: the runs then part by far more than rounding. Each file is
+# compared there by its difference's L2 norm relative to the recorded file's (weights, EMA, optimizer moments). On an
+# AMD EPYC with AVX-512 (Zen 4), rounding alone gave plain G 2.7e-4, E 5.8e-5, optimizerG 3.5e-3; GAN G 2.0e-4,
+# E 2.5e-5, D 8.3e-4, optimizerG 1.5e-3, optimizerD 1.25e-2; the resumes these tests exist to catch gave, on that
+# machine: the EMA copy restarted from G, plain E 1.2e-2, GAN E 8.3e-3; G's optimizer restarted, plain G 1.45e-2,
+# optimizerG 0.21, GAN G 9.4e-3, optimizerG 0.35; D's optimizer restarted, D 3.7e-2, optimizerD 0.54. Each bound
+# sits between the two. Step counts, learning rates, the GradScaler, the RNG streams and the sampler position are
+# compared exactly everywhere.
+OTHER_KERNELS_REL_L2 = {"plain": {"G": 2e-3, "E": 8e-4, "optimizerG": 2.5e-2},
+                        "gan": {"G": 1.5e-3, "E": 5e-4, "D": 5e-3, "optimizerG": 2e-2, "optimizerD": 8e-2}}
+
+
+def _relative_l2(got: dict[str, object], want: dict[str, object]) -> float:
+    """||got - want|| / ||want|| over the floating-point tensors of a file (step counters excepted)."""
+    keys = [k for k, b in want.items() if isinstance(b, torch.Tensor) and b.is_floating_point()
+            and not k.endswith(".step")]
+    diff = sum(float((got[k].double() - want[k].double()).square().sum()) for k in keys)
+    norm = sum(float(want[k].double().square().sum()) for k in keys)
+    return (diff / norm) ** 0.5
 
 
 def _same_kernels() -> bool:
@@ -74,7 +89,7 @@ def test_checkpoints_written_before_the_units_resume_bit_exactly(tmp_path, name)
     and the state file with D's scheduler entry) is resumed by this version in a real process at 2 threads; its
     last checkpoint and every logged number equal those of the older version's uninterrupted run, bit for bit: the
     weights, EMA, D with its spectral-norm vectors, both optimizers' moments and learning rates, the fp16 GradScaler,
-    the RNG streams and the sampler position (on a CPU with other kernels: see OTHER_KERNELS_ATOL)."""
+    the RNG streams and the sampler position (on a CPU with other kernels: see OTHER_KERNELS_REL_L2)."""
     src = os.path.join(FIXTURE, name)
     with open(os.path.join(src, "expected.json")) as f:
         expected = json.load(f)
@@ -100,12 +115,13 @@ def test_checkpoints_written_before_the_units_resume_bit_exactly(tmp_path, name)
         want, got = _flat(want), _flat(got)
         assert got.keys() == want.keys(), fname
         label = fname.split("_", 1)[1][:-4]
+        inexact = not exact and label in OTHER_KERNELS_REL_L2[name]  # weights, EMA, optimizer moments
         for key, b in want.items():
             a = got[key]
-            if exact or not (isinstance(b, torch.Tensor) and b.is_floating_point()) or key.endswith(".step"):
+            if not (inexact and isinstance(b, torch.Tensor) and b.is_floating_point()) or key.endswith(".step"):
                 assert torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b, (fname, key, a, b)
-            elif label in OTHER_KERNELS_ATOL[name]:  # weights; optimizer moments follow them
-                assert float((a.double() - b.double()).abs().max()) <= OTHER_KERNELS_ATOL[name][label], (fname, key)
+        if inexact:
+            assert _relative_l2(got, want) <= OTHER_KERNELS_REL_L2[name][label], (fname, _relative_l2(got, want))
     with open(tmp_path / "experiments" / task / "train.log") as f:
         logged = {m.group(1).replace(",", ""): f"lr:{m.group(2)} {m.group(3)}" for m in FIELDS_RE.finditer(f.read())}
     assert sorted(logged, key=int) == [str(s) for s in range(start + 1, total + 1)]
