@@ -13,7 +13,7 @@ import torchvision
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.layers_conv import eager_no_grad
+from models.layers_conv import cat_layout, conv_act, eager_no_grad
 from models.layers_warp import autocast_off, deterministic_kernels, grid_sample
 
 # Bytes of sampled columns (C_in x 9 values per output pixel) that one call of the sampled formulation builds at
@@ -198,18 +198,29 @@ class DCNv2PackFlowGuided(nn.Module):
         Returns:
             (N, C, H, W) aligned features.
         """
-        out = self.conv_offset(torch.cat([warped, current, flows], dim=1))
+        # the offset branch in the layout its convolutions run fastest on (channels-last on the CPU: its last
+        # convolution, 27 x groups outputs, ran 2.8x slower on NCHW input on an AMD EPYC with AVX-512;
+        # benchmarks/RESULTS.md, "VRT's offset branch in channels-last"), LeakyReLU fused where it can be
+        out = cat_layout([warped, current, flows.to(warped.dtype)])
+        for conv in self.conv_offset[:-1:2]:
+            out = conv_act(conv, out, 0.1)
+        out = self.conv_offset[-1](out)
         third = out.shape[1] // 3  # offsets (dy, dx) of the two halves, then the mask logits
         # split, not two slices: its backward is one cat, not two zero-filled tensors summed
         offset, mask = out.split([2 * third, third], 1)
+        mask = mask.contiguous()
         # offsets and the convolution in fp32 even under autocast (float64 stays float64): the residue (up to
         # 10 px) plus the flow needs sub-pixel precision that bf16 does not have
         work = torch.float64 if out.dtype == torch.float64 else torch.float32
-        offset = self.max_residue_magnitude * torch.tanh(offset.to(work))
         k = self.pa_frames // 2
+        n, _, h, w = out.shape
         # each neighbour's chunk of offsets gets its flow, flipped to (dy, dx) and repeated per point/group
-        n, _, h, w = offset.shape
-        offset = offset.view(n, k, -1, 2, h, w) + flows.to(work).view(n, k, 1, 2, h, w).flip(3)
-        offset = offset.view(n, -1, h, w)
+        flows = flows.to(work).view(n, k, 1, 2, h, w).flip(3)
+        if not eager_no_grad():  # tanh's backward keeps its output: no in-place steps
+            offset = self.max_residue_magnitude * torch.tanh(offset.contiguous().to(work))
+            offset = (offset.view(n, k, -1, 2, h, w) + flows).view(n, -1, h, w)
+        else:  # tanh straight from the (channels-last) convolution output into a contiguous tensor, then in place
+            offset = torch.tanh(offset.to(work), out=torch.empty(n, 2 * third, h, w, dtype=work, device=out.device))
+            offset.mul_(self.max_residue_magnitude).view(n, k, -1, 2, h, w).add_(flows)
         return modulated_deform_conv3x3(neighbours, offset, mask, self.weight, self.bias, self.impl,
                                         type(self).__name__)
