@@ -200,7 +200,7 @@ class DCNv2PackFlowGuided(nn.Module):
         """
         # the offset branch in the layout its convolutions run fastest on (channels-last on the CPU: its last
         # convolution, 27 x groups outputs, ran 2.8x slower on NCHW input on an AMD EPYC with AVX-512;
-        # benchmarks/RESULTS.md, "VRT's offset branch in channels-last"), LeakyReLU fused where it can be
+        # benchmarks/RESULTS.md, "Issue 29 on an AMD EPYC with AVX-512"), LeakyReLU fused where it can be
         out = cat_layout([warped, current, flows.to(warped.dtype)])
         for conv in self.conv_offset[:-1:2]:
             out = conv_act(conv, out, 0.1)
