@@ -151,6 +151,28 @@ def modulated_deform_conv3x3(x: Tensor, offset: Tensor, mask_logits: Tensor, wei
         return _sampled(*args)
 
 
+def flow_guided_offsets(raw: Tensor, flows: Tensor, magnitude: float) -> Tensor:
+    """``magnitude * tanh(raw) + flows``: the offsets of a flow-guided alignment (VRT, BasicVSR++).
+
+    Args:
+        raw: (N, K * P * 2, H, W) offset logits, K neighbours of P (group, kernel point) pairs each, (dy, dx) last;
+            any layout (a slice of a channels-last convolution output).
+        flows: (N, K, 1, 2, H, W) each neighbour's flow as (dy, dx), in the working dtype (float32, or float64).
+
+    Returns:
+        (N, K * P * 2, H, W) contiguous, in ``flows``' dtype. Without autograd ``tanh`` writes straight into a
+        contiguous tensor and the rest runs in place; with it, tanh's backward keeps its output, so no step is in
+        place (the same values).
+    """
+    n, k, _, _, h, w = flows.shape
+    if not eager_no_grad():
+        offset = magnitude * torch.tanh(raw.contiguous().to(flows.dtype))
+        return (offset.view(n, k, -1, 2, h, w) + flows).view(n, -1, h, w)
+    offset = torch.tanh(raw.to(flows.dtype), out=torch.empty(raw.shape, dtype=flows.dtype, device=raw.device))
+    offset.mul_(magnitude).view(n, k, -1, 2, h, w).add_(flows)
+    return offset
+
+
 class DCNv2PackFlowGuided(nn.Module):
     """Flow-guided deformable alignment of 1-3 neighbours (BasicVSR++ style), frame-batched.
 
@@ -212,15 +234,9 @@ class DCNv2PackFlowGuided(nn.Module):
         # offsets and the convolution in fp32 even under autocast (float64 stays float64): the residue (up to
         # 10 px) plus the flow needs sub-pixel precision that bf16 does not have
         work = torch.float64 if out.dtype == torch.float64 else torch.float32
-        k = self.pa_frames // 2
         n, _, h, w = out.shape
         # each neighbour's chunk of offsets gets its flow, flipped to (dy, dx) and repeated per point/group
-        flows = flows.to(work).view(n, k, 1, 2, h, w).flip(3)
-        if not eager_no_grad():  # tanh's backward keeps its output: no in-place steps
-            offset = self.max_residue_magnitude * torch.tanh(offset.contiguous().to(work))
-            offset = (offset.view(n, k, -1, 2, h, w) + flows).view(n, -1, h, w)
-        else:  # tanh straight from the (channels-last) convolution output into a contiguous tensor, then in place
-            offset = torch.tanh(offset.to(work), out=torch.empty(n, 2 * third, h, w, dtype=work, device=out.device))
-            offset.mul_(self.max_residue_magnitude).view(n, k, -1, 2, h, w).add_(flows)
+        flows = flows.to(work).view(n, self.pa_frames // 2, 1, 2, h, w).flip(3)
+        offset = flow_guided_offsets(offset, flows, self.max_residue_magnitude)
         return modulated_deform_conv3x3(neighbours, offset, mask, self.weight, self.bias, self.impl,
                                         type(self).__name__)

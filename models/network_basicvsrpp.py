@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from models.basicvsrpp_keymap import from_mmagic
 from models.layers_conv import Conv2d, add_into, cat_layout, conv_act, conv_add_, conv_layout, eager_no_grad, in_graph
-from models.layers_deform_conv import modulated_deform_conv3x3
+from models.layers_deform_conv import flow_guided_offsets, modulated_deform_conv3x3
 from models.layers_warp import autocast_off, flow_warp
 from models.net_io import NetIO
 from models.network_spynet import SpyNet
@@ -149,13 +149,7 @@ class SecondOrderDeformableAlignment(nn.Module):
         n, _, h, w = out.shape
         # each flow, flipped to (dy, dx), is added to every (group, kernel point) pair of its half of the offsets
         flows = torch.stack([flow_1, flow_2], dim=1).to(work).flip(2).view(n, 2, 1, 2, h, w)
-        if not eager_no_grad():  # tanh's backward keeps its output: no in-place steps
-            offset = self.max_residue_magnitude * torch.tanh(out[:, :2 * third].contiguous().to(work))
-            offset = (offset.view(n, 2, -1, 2, h, w) + flows).view(n, -1, h, w)
-        else:  # tanh straight from the (channels-last) convolution output into a contiguous tensor, then in place
-            offset = torch.empty(n, 2 * third, h, w, dtype=work, device=out.device)
-            torch.tanh(out[:, :2 * third].to(work), out=offset)
-            offset.mul_(self.max_residue_magnitude).view(n, 2, -1, 2, h, w).add_(flows)
+        offset = flow_guided_offsets(out[:, :2 * third], flows, self.max_residue_magnitude)
         mask = out[:, 2 * third:].contiguous()
         return modulated_deform_conv3x3(x, offset, mask, self.weight, self.bias, self.impl, type(self).__name__)
 

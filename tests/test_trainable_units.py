@@ -121,7 +121,8 @@ def test_checkpoints_written_before_the_units_resume_bit_exactly(tmp_path, name)
             if not (inexact and isinstance(b, torch.Tensor) and b.is_floating_point()) or key.endswith(".step"):
                 assert torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b, (fname, key, a, b)
         if inexact:
-            assert _relative_l2(got, want) <= OTHER_KERNELS_REL_L2[name][label], (fname, _relative_l2(got, want))
+            rel = _relative_l2(got, want)
+            assert rel <= OTHER_KERNELS_REL_L2[name][label], (fname, rel)
     with open(tmp_path / "experiments" / task / "train.log") as f:
         logged = {m.group(1).replace(",", ""): f"lr:{m.group(2)} {m.group(3)}" for m in FIELDS_RE.finditer(f.read())}
     assert sorted(logged, key=int) == [str(s) for s in range(start + 1, total + 1)]
