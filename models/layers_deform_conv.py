@@ -152,7 +152,7 @@ def modulated_deform_conv3x3(x: Tensor, offset: Tensor, mask_logits: Tensor, wei
 
 
 def flow_guided_offsets(raw: Tensor, flows: Tensor, magnitude: float) -> Tensor:
-    """``magnitude * tanh(raw) + flows``: the offsets of a flow-guided alignment (VRT, BasicVSR++).
+    """``magnitude * tanh(raw) + flows``: the offsets of a flow-guided alignment (VRT, BasicVSR++, RVRT).
 
     Args:
         raw: (N, K * P * 2, H, W) offset logits, K neighbours of P (group, kernel point) pairs each, (dy, dx) last;

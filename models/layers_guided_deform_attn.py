@@ -15,8 +15,9 @@ import torch
 from timm.layers import Mlp
 from torch import Tensor, nn
 
-from models.layers_conv import eager_no_grad, frame_conv
+from models.layers_conv import cat_layout, conv_act, eager_no_grad, frame_conv
 from models.layers_deform_attn import attend, check_shapes, clip_frames, kv_parts, pair, work_dtype
+from models.layers_deform_conv import flow_guided_offsets
 
 
 class ChannelsLast(nn.Module):
@@ -159,8 +160,21 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
         self.proj = ChannelsLast(nn.Linear(self.proj_channels, c))
         self.mlp = ChannelsLast(Mlp(c, 2 * c, c))
 
-    def _offset_net(self, x: Tensor) -> Tensor:
-        """The (1, k, k) Conv3d stack run as 2-D convolutions on all frames: (B*T, C_in, H, W) -> (B*T, C_out, H, W)."""
+    def _offset_net(self, inputs: list[Tensor]) -> Tensor:
+        """The (1, k, k) Conv3d stack run as 2-D convolutions on all frames: the inputs (B*T, C_i, H, W)
+        concatenated along channels -> (B*T, C_out, H, W), contiguous or (without autograd on the CPU) channels-last.
+
+        Without autograd the input is copied once into a channels-last tensor and each convolution runs with its
+        LeakyReLU fused (:func:`~models.layers_conv.conv_act`): oneDNN's NCHW kernels ran the 1x1 layers at 40-90
+        GFLOP/s against 200 channels-last (benchmarks/RESULTS.md, "RVRT's offset network in channels-last"). In
+        training the NCHW stack stays: there channels-last was slower and moved every gradient (session 7).
+        """
+        if eager_no_grad() and inputs[0].device.type == 'cpu':
+            x = cat_layout(inputs)
+            for conv, act in zip(self.conv_offset[:-1:2], self.conv_offset[1::2]):
+                x = conv_act(conv, x, act.negative_slope)
+            return frame_conv(x, self.conv_offset[-1])
+        x = torch.cat(inputs, dim=1)
         for layer in self.conv_offset:
             x = frame_conv(x, layer) if isinstance(layer, nn.Conv3d) else layer(x)
         return x
@@ -190,18 +204,12 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
             float64 inputs).
         """
         n, t, _, h, w = q.shape
-        x = torch.cat([q, *v_prop_warped, *flows], dim=2).flatten(0, 1)
-        raw = self._offset_net(x).view(n, t, -1, h, w)
-        # offsets in fp32 even under autocast: residue (up to 10 px) plus the flow needs sub-pixel precision
-        work = work_dtype(raw)
-        offsets = torch.tanh(raw.to(work))
-        # in place where nothing keeps tanh's output for backward; the same op (and bits) as a new product
-        offsets = offsets.mul_(self.max_residue_magnitude) if eager_no_grad() else offsets * self.max_residue_magnitude
-        # each block's flow, flipped to (dy, dx), added to its (group, kernel point) pairs: both blocks in one sum,
-        # which is already the (N*T, 2*G*kk*2, H, W) offset (no concatenation of the two blocks)
-        flow_pair = torch.stack(flows, dim=2).to(work).flip(3).unsqueeze(3)  # (N, T, 2, 1, (dy, dx), H, W)
-        offset6 = offsets.view(n, t, 2, -1, 2, h, w) + flow_pair
-        offset = offset6.view(n * t, -1, h, w)
+        raw = self._offset_net([p.flatten(0, 1) for p in (q, *v_prop_warped, *flows)])
+        # offsets in fp32 even under autocast: residue (up to 10 px) plus the flow needs sub-pixel precision.
+        # Each block's flow, flipped to (dy, dx), is added to its (group, kernel point) pairs: both blocks in one
+        # sum, which is already the (N*T, 2*G*kk*2, H, W) offset (no concatenation of the two blocks)
+        flow_pair = torch.stack(flows, dim=2).to(work_dtype(raw)).flip(3)  # (N, T, 2, (dy, dx), H, W)
+        offset = flow_guided_offsets(raw, flow_pair.view(n * t, 2, 1, 2, h, w), self.max_residue_magnitude)
         qp = self.proj_q(q)
         # deform_attn's kv frames built from the projections: for an even G the keys and the values each copied once
         # into the contiguous frame order the sampling reads (a cat, the frame order and the halves' copies were
@@ -215,5 +223,5 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
         out = out + self.mlp(out)
         if not return_updateflow:
             return out
-        flow1, flow2 = (o.mean(2).flip(2) for o in offset6.unbind(2))
+        flow1, flow2 = (o.mean(2).flip(2) for o in offset.view(n, t, 2, -1, 2, h, w).unbind(2))
         return out, flow1, flow2

@@ -245,6 +245,28 @@ def test_guided_pack_keys_shapes_and_flow_guidance():
     assert m(q, k, v, warped, flows, False).shape == (n, t, c, h, w)
 
 
+def test_guided_pack_offset_network_same_without_autograd():
+    """Without autograd the offset network runs channels-last with fused LeakyReLUs; with it, the NCHW layers. Both
+    give the same offsets, refined flows and output up to the convolutions' rounding, and the offset network
+    visibly moves them (a random last layer, so a wrong activation or layer order would show)."""
+    torch.manual_seed(0)
+    c = 8
+    m = GuidedDeformAttnPack(c, c, deformable_groups=4, attention_heads=4, clip_size=2)
+    torch.nn.init.normal_(m.conv_offset[-1].weight, std=0.02)
+    q, k, v, *warped = (torch.randn(1, 2, c, 9, 10) for _ in range(5))
+    flows = [torch.randn(1, 2, 2, 9, 10) for _ in range(2)]
+    with torch.no_grad():
+        fast = m(q, k, v, warped, flows, True)
+    ref = m(q, k, v, warped, flows, True)  # parameters record gradients: the NCHW path
+    assert ref[0].requires_grad
+    for a, b in zip(fast, ref):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-5)
+    assert (fast[1] - flows[0]).abs().max() > 5e-3  # the learned residue moved the flows
+    with torch.no_grad():
+        m.conv_offset[1].negative_slope = 0.0  # the activation is read from the network in both paths
+        assert (m(q, k, v, warped, flows, True)[1] - fast[1]).abs().max() > 1e-4
+
+
 @pytest.mark.parametrize("groups", [4, 3])
 def test_guided_pack_attends_as_deform_attn_on_its_projections(monkeypatch, groups):
     """GuidedDeformAttnPack hands the core its key and value projections as the kv frames (for an even G each copied
