@@ -230,16 +230,16 @@ class Upsample(nn.Module):
 
     Where no gradient is recorded, on the CPU's fast path (float32, channels-last), each pixel shuffle writes into a
     buffer the module keeps between calls instead of a new tensor: the shuffled activation is the head's largest
-    (64 channels at the output resolution, 100 MB for VRT's tiny benchmark clip), and glibc maps a block that large
-    afresh on every call, so each call faulted in 24k new pages (benchmarks/RESULTS.md, "VRT speed by profiling,
-    session 6"). The buffer only feeds the next convolution of the same call (the output is a new tensor), so
-    callers see the same values and bits. **Memory:** the buffer holds the largest shuffled activation since its
-    last release, ``frames x num_feat x sH x sW`` floats: one group of frames of VRT's head (at most
-    :data:`models.network_vrt.HEAD_CHUNK_BYTES`, or one frame where a frame is larger), one frame of RVRT's.
-    It stays resident between calls (the tiny VRT's forward: peak RSS unchanged, 1.10 GiB; resident between
-    forwards +0.12 GiB), and is released by ``train()``, by any call that records gradients (of any Upsample: a
-    training step frees the EMA copy's buffer too) and by :func:`release_upsample_buffers`; a larger activation
-    replaces it. One module must not be called from several threads at once.
+    (64 channels at the output resolution, 16 MiB a frame of VRT's tiny benchmark clip), and glibc maps a block
+    above its mmap threshold afresh on every call, so each call faulted in new pages (24k for the tiny clip's six
+    frames at once; benchmarks/RESULTS.md, "VRT speed by profiling, session 6"). The buffer only feeds the next
+    convolution of the same call (the output is a new tensor), so callers see the same values and bits.
+    **Memory:** the buffer holds the largest shuffled activation since its last release, ``frames x num_feat x sH x
+    sW`` floats: one group of frames of VRT's head (at most :data:`models.network_vrt.CPU_HEAD_CHUNK_BYTES`, or one
+    frame where a frame is larger), one frame of RVRT's. It stays resident between calls, and is released by
+    ``train()``, by any call that records gradients (of any Upsample: a training step frees the EMA copy's buffer
+    too) and by :func:`release_upsample_buffers`; a larger activation replaces it. One module must not be called
+    from several threads at once.
 
     Args:
         scale: upscaling factor.

@@ -36,8 +36,12 @@ from models.network_spynet import SpyNet
 
 logger = logging.getLogger(__name__)
 
-# Bytes of the upsampling head's largest activation (64 channels at the output resolution) per call without autograd.
+# Bytes of the upsampling head's largest activation (64 channels at the output resolution) per call without autograd;
+# on the CPU below glibc's 32 MiB mmap ceiling, so that freed activations are reused from the heap instead of mapped
+# and faulted in afresh on every call (tiny forward 1.047x, 67k -> 17k page faults; benchmarks/RESULTS.md, "VRT's
+# head one frame at a time in CPU inference").
 HEAD_CHUNK_BYTES = 256 * 2**20
+CPU_HEAD_CHUNK_BYTES = 16 * 2**20
 
 
 class Stage(nn.Module):
@@ -445,15 +449,17 @@ class VRT(nn.Module):
         """The upsampling head: (B*D, C0, H, W) -> (B*D, out_chans, sH, sW), contiguous.
 
         Without autograd the frames go through in groups whose largest activation (64 channels at the output
-        resolution) stays within :data:`HEAD_CHUNK_BYTES`: convolutions and pixel shuffles work on each frame
-        alone, so the output is the same bits, and a long clip does not hold every frame's high-resolution
-        activations at once. Training on the CPU takes one frame at a time (see below).
+        resolution) stays within :data:`HEAD_CHUNK_BYTES` (:data:`CPU_HEAD_CHUNK_BYTES` on the CPU): convolutions
+        and pixel shuffles work on each frame alone, so the output is the same bits, and a long clip does not hold
+        every frame's high-resolution activations at once. Training on the CPU takes one frame at a time (see
+        below).
         """
         frames = feat.shape[0]
         step = frames
         if not torch.is_grad_enabled():
             per_frame = 64 * self.upscale**2 * feat.shape[2] * feat.shape[3] * feat.element_size()
-            step = max(1, HEAD_CHUNK_BYTES // per_frame)
+            budget = CPU_HEAD_CHUNK_BYTES if feat.device.type == 'cpu' else HEAD_CHUNK_BYTES
+            step = max(1, budget // per_frame)
         elif feat.device.type == 'cpu' and not in_graph():
             # training on the CPU: one frame at a time, so the head's activations and backward temporaries (16 MiB a
             # frame at 64 x 64 x 4, x4) stay below glibc's 32 MiB mmap ceiling and reuse heap memory instead of

@@ -119,17 +119,23 @@ def _demo_sr2() -> dict:
 
 def test_spynet_and_head_in_pieces_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without autograd SpyNet's frame pairs and the upsampling head's frames go through in pieces (one frame each
-    here); the restored clip is the same bits as in one piece."""
+    here); the restored clip is the same bits as in one piece. On the CPU the head's budget is
+    ``CPU_HEAD_CHUNK_BYTES`` (``HEAD_CHUNK_BYTES`` is the other devices')."""
     from models.select_network import define_network
 
     torch.manual_seed(0)
     net = define_network('vrt', _demo_sr2()).eval()
+    calls = []
+    net.conv_before_upsample.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
     x = torch.rand(1, 4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
+        monkeypatch.setattr(network_vrt, 'HEAD_CHUNK_BYTES', 1)  # not read on the CPU
         whole = net(x)
+        assert calls == [4]
         monkeypatch.setattr(network_spynet, 'INFERENCE_CHUNK_BYTES', 1)
-        monkeypatch.setattr(network_vrt, 'HEAD_CHUNK_BYTES', 1)
+        monkeypatch.setattr(network_vrt, 'CPU_HEAD_CHUNK_BYTES', 1)
         pieces = net(x)
+    assert calls == [4, 1, 1, 1, 1]
     assert torch.equal(pieces, whole)
 
 
@@ -139,7 +145,7 @@ CHILD = textwrap.dedent('''
     from models.select_network import define_network
     torch.set_num_threads(1)
     for module, name in ((layers_deform_conv, 'DEFORM_COLUMNS_BYTES'), (network_spynet, 'INFERENCE_CHUNK_BYTES'),
-                         (network_vrt, 'HEAD_CHUNK_BYTES')):
+                         (network_vrt, 'CPU_HEAD_CHUNK_BYTES')):
         setattr(module, name, 4 * 2**20)
     torch.manual_seed(0)
     net = define_network('vrt', json.loads(sys.argv[1])).eval()

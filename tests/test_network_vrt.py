@@ -89,7 +89,7 @@ def test_output_shapes(kwargs: dict, in_shape: tuple, out_shape: tuple) -> None:
     with torch.no_grad():
         assert net(torch.rand(in_shape)).shape == out_shape
     # the head's convolutions run channels-last (1.3-2x faster than NCHW in oneDNN, benchmarks/RESULTS.md)
-    assert all(layouts) and len(layouts) == bool(kwargs.get('pa_frames', 2)), layouts
+    assert all(layouts) and bool(layouts) == bool(kwargs.get('pa_frames', 2)), layouts
 
 
 def test_gradients_reach_parameters() -> None:
