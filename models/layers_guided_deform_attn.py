@@ -166,8 +166,9 @@ class GuidedDeformAttnPack(_DeformAttnGeometry):
 
         Without autograd the input is copied once into a channels-last tensor and each convolution runs with its
         LeakyReLU fused (:func:`~models.layers_conv.conv_act`): oneDNN's NCHW kernels ran the 1x1 layers at 40-90
-        GFLOP/s against 200 channels-last (benchmarks/RESULTS.md, "RVRT's offset network in channels-last"). In
-        training the NCHW stack stays: there channels-last was slower and moved every gradient (session 7).
+        GFLOP/s against 200 channels-last (benchmarks/RESULTS.md, "Issue 29 on the Intel Xeon again"). In training
+        the NCHW stack stays: there channels-last was slower and moved every gradient ("RVRT and BasicVSR++ speed by
+        profiling, session 7").
         """
         if eager_no_grad() and inputs[0].device.type == 'cpu':
             x = cat_layout(inputs)

@@ -38,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 # Bytes of the upsampling head's largest activation (64 channels at the output resolution) per call without autograd;
 # on the CPU below glibc's 32 MiB mmap ceiling, so that freed activations are reused from the heap instead of mapped
-# and faulted in afresh on every call (tiny forward 1.047x, 67k -> 17k page faults; benchmarks/RESULTS.md, "VRT's
-# head one frame at a time in CPU inference").
+# and faulted in afresh on every call (tiny forward 1.047x, 67k -> 17k page faults; benchmarks/RESULTS.md, "Issue 29
+# on the Intel Xeon again").
 HEAD_CHUNK_BYTES = 256 * 2**20
 CPU_HEAD_CHUNK_BYTES = 16 * 2**20
 
