@@ -13,8 +13,10 @@ imported, given the same weights, and timed alternately with ours in the same pr
 this project's own network at git revision REV (its ``models/`` and ``utils/`` extracted to a scratch directory
 and imported under their usual names, then put aside) is timed beside the working tree's, in the same process.
 On CUDA the peak memory is
-``max_memory_allocated``; on CPU it is the rise of the peak resident set size of a forked child that runs the
-same measurement (so both networks are measured from the same starting point).
+``max_memory_allocated``; on CPU it is the rise of the resident set's high-water mark over one train step, the mark
+reset just before (``/proc/self/clear_refs``), so each network is measured from its own starting point. Where the
+mark cannot be reset, a forked child runs the step on one OpenMP thread (GNU OpenMP's threads do not survive a fork:
+a child's first parallel region waited for them forever).
 """
 
 from __future__ import annotations
@@ -176,8 +178,31 @@ class Runner:
         return time.perf_counter() - start
 
 
+def _rss_mib(field: str) -> float | None:
+    """``VmRSS`` / ``VmHWM`` of this process in MiB (None without /proc)."""
+    try:
+        with open('/proc/self/status') as fh:
+            for line in fh:
+                if line.startswith(field + ':'):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Set this process's resident high-water mark to its current RSS (Linux >= 4.0); False where not allowed."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as fh:
+            fh.write('5')
+    except OSError:
+        return False
+    return True
+
+
 def _peak_memory_mb(runner: Runner, steps: int) -> float:
-    """Peak extra memory of ``steps`` train steps (CUDA allocator peak, or forked-child peak RSS rise on CPU)."""
+    """Peak extra memory of ``steps`` train steps: the CUDA allocator peak, else the rise of the resident high-water
+    mark over them (in this process; in a forked child on one thread where the mark cannot be reset)."""
     device = runner.x.device
     if device.type == 'cuda':
         torch.cuda.empty_cache()
@@ -186,10 +211,17 @@ def _peak_memory_mb(runner: Runner, steps: int) -> float:
         for _ in range(steps):
             runner.train_step()
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    start = _rss_mib('VmRSS')
+    if start is not None and _reset_peak_rss():
+        for _ in range(steps):
+            runner.train_step()
+        peak = _rss_mib('VmHWM')
+        return peak - start if peak is not None else float('nan')
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: measure and report through the pipe
         os.close(read_fd)
+        torch.set_num_threads(1)  # the parent's OpenMP threads are not in the child
         with open('/proc/self/statm') as fh:
             rss_start = int(fh.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
         for _ in range(steps):
