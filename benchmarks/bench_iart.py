@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
-from benchmarks.bench_vrt import Runner, add_run_args  # noqa: E402
+from benchmarks.bench_vrt import LiveTensorBytes, Runner, add_run_args  # noqa: E402
 from models.model_zoo import IART_RELEASED  # noqa: E402
 from models.network_iart import IART  # noqa: E402
 
@@ -75,32 +72,6 @@ def profile_table(runner: Runner, rows: int) -> str:
         runner.train_step()
     key = 'self_cuda_time_total' if runner.x.device.type == 'cuda' else 'self_cpu_time_total'
     return prof.key_averages().table(sort_by=key, row_limit=rows)
-
-
-class LiveTensorBytes(TorchDispatchMode):
-    """Peak bytes of live tensor storages created inside the mode (what ``torch.cuda.max_memory_allocated`` counts
-    on a GPU, here on the CPU: no allocator caching or fragmentation)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.current = self.peak = 0
-
-    def _free(self, key: int) -> None:
-        self.current -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != 'meta':
-                storage = t.untyped_storage()
-                key = storage.data_ptr()
-                if key and key not in self.live:
-                    self.live[key] = storage.nbytes()
-                    self.current += storage.nbytes()
-                    self.peak = max(self.peak, self.current)
-                    weakref.finalize(storage, self._free, key)
-        return out
 
 
 def step_peak_mb(runner: Runner) -> dict[str, float]:

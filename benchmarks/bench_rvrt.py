@@ -7,8 +7,8 @@ Examples:
     python benchmarks/bench_rvrt.py --preset tiny --threads 2 --baseline HEAD~1   # before/after a change, one process
 
 A train step is forward, Charbonnier loss, backward and an Adam step (``Runner`` of ``bench_vrt.py``); peak
-memory is the CUDA allocator peak, or on CPU the rise of the resident high-water mark over one train step (see
-``bench_vrt.py``).
+memory is the CUDA allocator's peak over one train step, on CPU the peak of the tensor bytes the step creates
+(``LiveTensorBytes`` of ``bench_vrt.py``).
 Presets 001-006 are the released models' constructor settings (KAIR ``main_test_rvrt.py``).
 """
 

@@ -13,10 +13,9 @@ imported, given the same weights, and timed alternately with ours in the same pr
 this project's own network at git revision REV (its ``models/`` and ``utils/`` extracted to a scratch directory
 and imported under their usual names, then put aside) is timed beside the working tree's, in the same process.
 On CUDA the peak memory is
-``max_memory_allocated``; on CPU it is the rise of the resident set's high-water mark over one train step, the mark
-reset just before (``/proc/self/clear_refs``), so each network is measured from its own starting point. Where the
-mark cannot be reset, a forked child runs the step on one OpenMP thread (GNU OpenMP's threads do not survive a fork:
-a child's first parallel region waited for them forever).
+``max_memory_allocated`` over one train step; on CPU the same count, the peak bytes of the tensor storages the step
+creates (:class:`LiveTensorBytes`: no allocator caching or fragmentation). Both leave out what existed before the
+step (weights, optimizer state).
 """
 
 from __future__ import annotations
@@ -26,12 +25,11 @@ import contextlib
 import copy
 import importlib.util
 import json
-import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from models.model_zoo import TASKS  # noqa: E402
 from models.net_io import net_io  # noqa: E402
@@ -178,31 +178,40 @@ class Runner:
         return time.perf_counter() - start
 
 
-def _rss_mib(field: str) -> float | None:
-    """``VmRSS`` / ``VmHWM`` of this process in MiB (None without /proc)."""
-    try:
-        with open('/proc/self/status') as fh:
-            for line in fh:
-                if line.startswith(field + ':'):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+class LiveTensorBytes(TorchDispatchMode):
+    """Peak bytes of live tensor storages created inside the mode (what ``torch.cuda.max_memory_allocated`` counts
+    on a GPU, here on the CPU: no allocator caching or fragmentation). An output on the storage of one of the op's
+    inputs (in place, ``out=``, a view) is no new memory: the optimizer's in-place steps on the weights and their
+    states were counted as if allocated."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
 
-def _reset_peak_rss() -> bool:
-    """Set this process's resident high-water mark to its current RSS (Linux >= 4.0); False where not allowed."""
-    try:
-        with open('/proc/self/clear_refs', 'w') as fh:
-            fh.write('5')
-    except OSError:
-        return False
-    return True
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and t.device.type != 'meta'}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != 'meta':
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self.live and key not in inputs:
+                    self.live[key] = storage.nbytes()
+                    self.current += storage.nbytes()
+                    self.peak = max(self.peak, self.current)
+                    weakref.finalize(storage, self._free, key)
+        return out
 
 
 def _peak_memory_mb(runner: Runner, steps: int) -> float:
-    """Peak extra memory of ``steps`` train steps: the CUDA allocator peak, else the rise of the resident high-water
-    mark over them (in this process; in a forked child on one thread where the mark cannot be reset)."""
+    """Peak extra memory of ``steps`` train steps (MiB): the CUDA allocator's peak, on the CPU the peak of the live
+    tensor bytes they create (in this process: a forked child's first parallel region waited forever for the
+    parent's GNU OpenMP threads, which a fork leaves behind)."""
     device = runner.x.device
     if device.type == 'cuda':
         torch.cuda.empty_cache()
@@ -211,29 +220,10 @@ def _peak_memory_mb(runner: Runner, steps: int) -> float:
         for _ in range(steps):
             runner.train_step()
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    start = _rss_mib('VmRSS')
-    if start is not None and _reset_peak_rss():
+    with LiveTensorBytes() as tracker:
         for _ in range(steps):
             runner.train_step()
-        peak = _rss_mib('VmHWM')
-        return peak - start if peak is not None else float('nan')
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: measure and report through the pipe
-        os.close(read_fd)
-        torch.set_num_threads(1)  # the parent's OpenMP threads are not in the child
-        with open('/proc/self/statm') as fh:
-            rss_start = int(fh.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-        for _ in range(steps):
-            runner.train_step()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        os.write(write_fd, str((peak - rss_start) / 2**20).encode())
-        os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as fh:
-        value = fh.read()
-    os.waitpid(pid, 0)
-    return float(value) if value else float('nan')
+    return tracker.peak / 2**20
 
 
 def add_run_args(parser: argparse.ArgumentParser, compile_help: str, iters: int) -> None:
