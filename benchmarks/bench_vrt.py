@@ -194,13 +194,17 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor) and t.device.type != 'meta'}
+        inputs = None  # the input storages, gathered only for an output not seen yet
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type != 'meta':
                 storage = t.untyped_storage()
                 key = storage.data_ptr()
-                if key and key not in self.live and key not in inputs:
+                if not key or key in self.live:
+                    continue
+                if inputs is None:
+                    inputs = {a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs))
+                              if isinstance(a, torch.Tensor) and a.device.type != 'meta'}
+                if key not in inputs:
                     self.live[key] = storage.nbytes()
                     self.current += storage.nbytes()
                     self.peak = max(self.peak, self.current)
@@ -210,7 +214,7 @@ class LiveTensorBytes(TorchDispatchMode):
 
 def _peak_memory_mb(runner: Runner, steps: int) -> float:
     """Peak extra memory of ``steps`` train steps (MiB): the CUDA allocator's peak, on the CPU the peak of the live
-    tensor bytes they create (in this process: a forked child's first parallel region waited forever for the
+    tensor bytes they create, in this process (a forked child's first parallel region would wait forever for the
     parent's GNU OpenMP threads, which a fork leaves behind)."""
     device = runner.x.device
     if device.type == 'cuda':
