@@ -77,7 +77,9 @@ ModelPlain.train_step = _faulty_step
 # ----- what each step trains on, and a gate that holds the steps (elastic tests):
 #   TEST_LOG_ITEMS=1 appends one line per step and rank to $TEST_REPORT_DIR/items-rank<R>-<pid>.jsonl:
 #     {"step", "rank", "world", "t", "items": [[key, float64 sum of L, float64 sum of H], ...]};
-#   TEST_STEP_GATE=<file> holds step s while s > the number in <file> (absent: no hold), until a stop signal arrives.
+#   TEST_STEP_GATE=<file> holds step s while s > the number in <file> (absent: no hold), until a stop signal arrives;
+#     a held rank writes s to <file>.held-rank<R> first: it has then passed step s-1's stop agreement, so a signal
+#     sent after the test reads that file stops the run at step s, never at s-1.
 _stop_handle = StopRequest._handle
 stop_seen = []
 
@@ -102,10 +104,15 @@ def _held(step):
     gate = os.environ.get("TEST_STEP_GATE")
     if not gate:
         return
+    marked = False
     while not stop_seen:
         limit = _gate_limit(gate)
         if limit is None or step <= limit:
             return
+        if not marked:
+            with open(f"{gate}.held-rank{RANK}", "w") as f:
+                f.write(str(step))
+            marked = True
         time.sleep(0.05)
 
 
