@@ -33,6 +33,7 @@ from tests.support.helpers import (
     assert_ok,
     base_env,
     free_port,
+    held_step,
     kill_tree,
     models_dir,
     run_state,
@@ -279,9 +280,8 @@ def test_elastic_agents_leave_and_join_and_the_run_ends_as_an_uninterrupted_one(
         assert logged("x 2 process(es)") and not logged("x 1 process(es)"), "A and B did not form one group"
         kill_tree(agents["B"][0])
         gate.write_text("7")
-        held = gate.parent / "gate.held-rank0"  # the worker waits at step 8, past step 7's stop agreement
-        _wait(lambda: logged("2 -> 1 processes") and held.is_file() and held.read_text() == "8",
-              "steps 5-7 on 1 process", agents)
+        # the worker waits at step 8, past step 7's stop agreement
+        _wait(lambda: logged("2 -> 1 processes") and held_step(gate) == 8, "steps 5-7 on 1 process", agents)
         start("C")
         _wait(lambda: logged("1 -> 2 processes"), "the restart on 2 processes", agents)
         gate.write_text("12")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from tests.support.helpers import DIST_ENTRY, ROOT, base_env, kill_tree, reports, write_opt
+from tests.support.helpers import DIST_ENTRY, ROOT, base_env, held_step, kill_tree, reports, write_opt
 from utils.utils_checkpoint import complete_steps
 
 # Stub sbatch: runs the job right here, synchronously (SLURM's side of it: the job's variables, the batch shell, one
@@ -152,8 +152,8 @@ def test_sbatch_saves_requeues_on_the_time_limit_warning_and_the_requeued_job_re
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = root / "tiny" / "train.log"
     try:
-        held = tmp_path / "gate.held-rank0"  # rank 0 waits at step 3: every rank has agreed not to stop at step 2
-        _wait_for(lambda: held.is_file() and held.read_text() == "3", proc, 180, "the hold at step 3")
+        # rank 0 waits at step 3: every rank has agreed not to stop at step 2
+        _wait_for(lambda: held_step(gate) == 3, proc, 180, "the hold at step 3")
         os.kill(int((stub / "batch.pid").read_text()), signal.SIGUSR1)  # SLURM's --signal=B:USR1@300
         scontrol = stub / "scontrol.log"
         _wait_for(lambda: scontrol.is_file() and scontrol.read_text(), proc, 120, "scontrol requeue")

@@ -25,6 +25,7 @@ from engine import train as engine_train  # noqa: E402
 from engine.preemption import StopRequest  # noqa: E402
 from models.model_gan import ModelGAN  # noqa: E402
 from models.model_plain import ModelPlain  # noqa: E402
+from tests.support.helpers import held_marker  # noqa: E402
 from utils import utils_checkpoint  # noqa: E402
 
 faulthandler.register(signal.SIGUSR2, all_threads=True)  # the harness dumps the stacks of a hung run
@@ -78,8 +79,7 @@ ModelPlain.train_step = _faulty_step
 #   TEST_LOG_ITEMS=1 appends one line per step and rank to $TEST_REPORT_DIR/items-rank<R>-<pid>.jsonl:
 #     {"step", "rank", "world", "t", "items": [[key, float64 sum of L, float64 sum of H], ...]};
 #   TEST_STEP_GATE=<file> holds step s while s > the number in <file> (absent: no hold), until a stop signal arrives;
-#     a held rank writes s to <file>.held-rank<R> first: it has then passed step s-1's stop agreement, so a signal
-#     sent after the test reads that file stops the run at step s, never at s-1.
+#     a held rank first writes s to helpers.held_marker(<file>, R) (tests read it with helpers.held_step).
 _stop_handle = StopRequest._handle
 stop_seen = []
 
@@ -110,7 +110,7 @@ def _held(step):
         if limit is None or step <= limit:
             return
         if not marked:
-            with open(f"{gate}.held-rank{RANK}", "w") as f:
+            with open(held_marker(gate, RANK), "w") as f:
                 f.write(str(step))
             marked = True
         time.sleep(0.05)

@@ -97,6 +97,21 @@ RVRT_TINY_OPT["datasets"] = {"train": {**VRT_TINY_OPT["datasets"]["train"], "tas
 RVRT_TINY_OPT["train"] = {**VRT_TINY_OPT["train"], "amp": "bf16"}
 
 
+def held_marker(gate, rank: int = 0) -> str:
+    """The file a rank held by ``TEST_STEP_GATE=<gate>`` (tests/support/dist_entry.py) writes its held step to."""
+    return f"{gate}.held-rank{rank}"
+
+
+def held_step(gate, rank: int = 0) -> int | None:
+    """The step rank ``rank`` is held at by the gate file ``gate`` (None before it is held at any): once it reads s,
+    the rank has passed step s-1's stop agreement, so a stop signal sent now stops the run at step s."""
+    try:
+        with open(held_marker(gate, rank)) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def write_opt(tmp_path, name: str = "opt.json", base: dict[str, Any] | None = None, **sections: Any) -> str:
     """Write an option file from ``base`` (default: the toy-net :data:`TINY_OPT`); keyword arguments replace or
     update top-level sections (dicts are merged, except ``netG``, which is replaced)."""
