@@ -2,76 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from models import layers_deform_attn, layers_guided_deform_attn
 from models.layers_deform_attn import _AttendSampled, deform_attn
 from models.layers_guided_deform_attn import DeformAttnPack, GuidedDeformAttnPack
+from tests.support.deform_attn_loop import attn_inputs, naive_deform_attn
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _bilinear(img: torch.Tensor, h: float, w: float) -> torch.Tensor:
-    """``dmcn_im2col_bilinear`` of the CUDA kernel for all channels of img (C, H, W), with its range test."""
-    height, width = img.shape[1:]
-    if not (h > -1 and w > -1 and h < height and w < width):
-        return img.new_zeros(img.shape[0])
-    h_low, w_low = math.floor(h), math.floor(w)
-    h_high, w_high = h_low + 1, w_low + 1
-    lh, lw = h - h_low, w - w_low
-    hh, hw = 1 - lh, 1 - lw
-    val = img.new_zeros(img.shape[0])
-    if h_low >= 0 and w_low >= 0:
-        val = val + hh * hw * img[:, h_low, w_low]
-    if h_low >= 0 and w_high <= width - 1:
-        val = val + hh * lw * img[:, h_low, w_high]
-    if h_high <= height - 1 and w_low >= 0:
-        val = val + lh * hw * img[:, h_high, w_low]
-    if h_high <= height - 1 and w_high <= width - 1:
-        val = val + lh * lw * img[:, h_high, w_high]
-    return val
-
-
-def naive_deform_attn(q, kv, offset, kh, kw, stride, pad, dil, heads, groups, clip):
-    """Per-pixel loop following deform_attn_cuda_forward + modulated_deformable_im2col (mask = 1)."""
-    b_total = q.shape[0]
-    _, _, c2, height, width = kv.shape
-    c, kk = c2 // 2, kh * kw
-    hd, cg = c // heads, c2 // groups
-    qf = q.reshape(b_total, c, height, width)
-    off = offset.reshape(b_total, clip, groups, kk, 2, height, width)
-    out = torch.zeros(b_total, c, height, width, dtype=q.dtype)
-    for b in range(b_total):
-        for y in range(height):
-            for x in range(width):
-                samples = torch.zeros(clip * kk, c2, dtype=q.dtype)
-                for n in range(clip):
-                    frame = kv[b // clip, (n + b) % clip]
-                    for g in range(groups):
-                        for i in range(kh):
-                            for j in range(kw):
-                                k = i * kw + j
-                                py = y * stride - pad + i * dil + float(off[b, n, g, k, 0, y, x])
-                                px = x * stride - pad + j * dil + float(off[b, n, g, k, 1, y, x])
-                                samples[n * kk + k, g * cg:(g + 1) * cg] = _bilinear(frame[g * cg:(g + 1) * cg], py, px)
-                for h in range(heads):
-                    qv = qf[b, h * hd:(h + 1) * hd, y, x] * hd**-0.5
-                    keys = samples[:, h * hd:(h + 1) * hd]
-                    values = samples[:, c + h * hd:c + (h + 1) * hd]
-                    attn = torch.softmax(keys @ qv, dim=0)
-                    out[b, h * hd:(h + 1) * hd, y, x] = attn @ values
-    return out.view(q.shape)
-
-
-def _inputs(n=1, clip=2, c=4, h=5, w=6, groups=2, kh=3, kw=3, scale=2.5, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(n * clip, 1, c, h, w, generator=g, dtype=dtype)
-    kv = torch.randn(n, clip, 2 * c, h, w, generator=g, dtype=dtype)
-    offset = scale * torch.randn(n * clip, clip * groups * kh * kw * 2, h, w, generator=g, dtype=dtype)
-    return q, kv, offset
 
 
 @pytest.mark.parametrize(
@@ -84,7 +23,7 @@ def _inputs(n=1, clip=2, c=4, h=5, w=6, groups=2, kh=3, kw=3, scale=2.5, dtype=t
     ],
 )
 def test_matches_naive_loop(n, clip, c, heads, groups, kh, kw, stride, pad, dil):
-    q, kv, offset = _inputs(n, clip, c, groups=groups, kh=kh, kw=kw)
+    q, kv, offset = attn_inputs(n, clip, c, groups=groups, kh=kh, kw=kw)
     args = (kh, kw, stride, pad, dil, heads, groups, clip)
     ours = deform_attn(q, kv, offset, *args)
     ref = naive_deform_attn(q, kv, offset, *args)
@@ -94,7 +33,7 @@ def test_matches_naive_loop(n, clip, c, heads, groups, kh, kw, stride, pad, dil)
 
 def test_out_of_range_and_integer_positions():
     """Samples on the border, exactly on -1 / H, and far outside behave like the kernel (zero outside)."""
-    q, kv, _ = _inputs(c=4, h=4, w=4)
+    q, kv, _ = attn_inputs(c=4, h=4, w=4)
     offset = torch.zeros(2, 2 * 2 * 9 * 2, 4, 4, dtype=torch.float64)
     offset[:, 0::7] = -1.0  # integer shifts land exactly on the -1 boundary for the first row/column
     offset[:, 1::5] = 4.0
@@ -106,7 +45,7 @@ def test_out_of_range_and_integer_positions():
 
 
 def test_float32_and_single_pixel_width():
-    q, kv, offset = _inputs(c=4, h=3, w=1, dtype=torch.float32, scale=0.7)
+    q, kv, offset = attn_inputs(c=4, h=3, w=1, dtype=torch.float32, scale=0.7)
     args = (3, 3, 1, 1, 1, 2, 2, 2)
     torch.testing.assert_close(deform_attn(q, kv, offset, *args), naive_deform_attn(q, kv, offset, *args),
                                rtol=1e-5, atol=1e-5)
@@ -114,7 +53,7 @@ def test_float32_and_single_pixel_width():
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_gradcheck(recompute):
-    q, kv, offset = _inputs(c=2, h=3, w=3, groups=2, scale=1.3)
+    q, kv, offset = attn_inputs(c=2, h=3, w=3, groups=2, scale=1.3)
     q.requires_grad_(True)
     kv.requires_grad_(True)
     offset.requires_grad_(True)
@@ -126,7 +65,7 @@ def test_gradcheck(recompute):
 
 
 def test_recompute_gives_same_gradients():
-    q, kv, offset = _inputs(c=4, dtype=torch.float32)
+    q, kv, offset = attn_inputs(c=4, dtype=torch.float32)
     grads = []
     for recompute in (False, True):
         leaves = [t.clone().requires_grad_(True) for t in (q, kv, offset)]
@@ -163,7 +102,7 @@ def test_default_keeps_small_samples_and_recomputes_large_ones(monkeypatch):
     """``recompute=None`` keeps the sampled keys and values (each half of the samples, sampled apart) for backward
     while they fit RECOMPUTE_ABOVE_BYTES and recomputes them above it; the gradients are the same bits either
     way."""
-    q, kv, offset = _inputs(c=4, dtype=torch.float32)
+    q, kv, offset = attn_inputs(c=4, dtype=torch.float32)
     half = (2, 2, 2, 2, 9, 30)  # keys (or values): 2 query frames x 2 kv frames x 2 heads x 2 channels x 3 x 3 x 30 px
     kept, grads = [], []
     for budget in (2**40, 0):
@@ -184,7 +123,7 @@ def test_keys_and_values_sampled_apart_for_an_even_group_count(monkeypatch, grou
     """With an even G the keys and the values are sampled by two calls, each half of all samples (without autograd
     the keys are freed before the values are sampled); an odd G, whose middle group holds both, samples once. The
     output equals the per-pixel loop either way."""
-    q, kv, offset = _inputs(c=4, groups=groups)
+    q, kv, offset = attn_inputs(c=4, groups=groups)
     sampled = []
 
     def spy(x, grid, **kwargs):
@@ -203,7 +142,7 @@ def test_keys_and_values_sampled_apart_for_an_even_group_count(monkeypatch, grou
 
 
 def test_autocast_bf16_cpu():
-    q, kv, offset = _inputs(c=4, dtype=torch.float32)
+    q, kv, offset = attn_inputs(c=4, dtype=torch.float32)
     ref = deform_attn(q, kv, offset, 3, 3, 1, 1, 1, 2, 2, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = deform_attn(q.bfloat16(), kv.bfloat16(), offset, 3, 3, 1, 1, 1, 2, 2, 2)
@@ -212,7 +151,7 @@ def test_autocast_bf16_cpu():
 
 
 def test_bad_shapes_raise_clear_errors():
-    q, kv, offset = _inputs(c=4)
+    q, kv, offset = attn_inputs(c=4)
     with pytest.raises(ValueError, match="offset must be"):
         deform_attn(q, kv, offset[:, :-2], 3, 3, 1, 1, 1, 2, 2, 2)
     with pytest.raises(ValueError, match="attention_heads"):
