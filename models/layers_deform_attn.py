@@ -26,17 +26,22 @@ deterministic under :func:`models.layers_warp.deterministic_kernels`.
 Memory: the sampled keys/values are ``clip_size * kh * kw`` times the size of ``kv``. When autograd needs them and
 they exceed :data:`RECOMPUTE_ABOVE_BYTES`, the operator is recomputed in backward (non-reentrant activation
 checkpointing, the CUDA op's strategy too), so only ``q``, ``kv`` and ``offset`` are stored; smaller ones (small
-networks and crops: the demo, the tests) are kept, which saves the second sampling (the same gradients).
+networks and crops: the demo, the tests) are kept, which saves the second sampling (the same gradients). On the CPU,
+without autograd, the keys and values are sampled in pieces of whole heads (and runs of pixels) of at most
+:data:`CPU_SAMPLES_PIECE_BYTES` (the same bits): larger blocks are mapped afresh by glibc and faulted in page by page on
+every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from models.layers_conv import in_graph
 from models.layers_warp import autocast_off, grid_sample
 
 _COMPILED: dict[str, object] = {}
@@ -46,6 +51,11 @@ _COMPILED: dict[str, object] = {}
 # faster (benchmarks/RESULTS.md, "RVRT's guided deformable attention"); the released sizes (576 kv channels) sample
 # 324 MiB a call at 64 x 64, and recompute.
 RECOMPUTE_ABOVE_BYTES = 64 * 2**20
+# Samples of one piece of the attention without autograd on the CPU (:func:`_attend_in_pieces`): below glibc's largest
+# mmap threshold (32 MiB), so that the pieces reuse heap memory; the 96 MiB samples of a released RVRT's call at
+# 48 x 48 were mapped afresh and faulted in, page by page, on every call (benchmarks/RESULTS.md, "Issue 29 on the
+# Intel Xeon, session 14").
+CPU_SAMPLES_PIECE_BYTES = 16 * 2**20
 
 
 def pair(value: int | Sequence[int]) -> tuple[int, int]:
@@ -93,7 +103,8 @@ def _attend_frames(
 
     With an even number of deformable groups the keys (the first half of the groups) and the values are sampled by
     two calls, each into a tensor half the size of all samples: where no gradient is recorded the keys are freed
-    before the values are sampled, and in backward each half's gradient is its own tensor. Below glibc's largest
+    before the values are sampled (on the CPU in pieces of whole heads, :func:`_attend_in_pieces`), and in backward
+    each half's gradient is its own tensor. Below glibc's largest
     mmap threshold (32 MiB) such halves come from reused heap blocks; the whole samples (RVRT tiny: 54 MiB a call)
     were mapped afresh and faulted in page by page on every call (benchmarks/RESULTS.md, "RVRT speed by profiling,
     session 6"). The same values: grid_sample samples each channel on its own.
@@ -136,31 +147,95 @@ def _attend_frames(
     pos_y, pos_x = (p.movedim(2, 0) for p in pos.unbind(5))
     grids = torch.stack((pos_x, pos_y), dim=-1).unbind(0)  # halves x (B, S, G / halves, kk, HW, 2)
 
-    def sample(part: int) -> Tensor:
-        """Keys, values (or both, for an odd G) of kv part ``part``: (B, S, G / halves, 2C / G, kk, HW)."""
-        groups = b * s * g // halves
+    def sample(part: int, lo: int = 0, hi: int = g // halves, first: int = 0, last: int = hw) -> Tensor:
+        """Keys, values (or both, for an odd G) of kv part ``part``, groups ``lo:hi`` of it, at the query pixels
+        ``first:last``: (B, S, hi - lo, 2C / G, kk, last - first)."""
+        n, pixels = hi - lo, last - first
+        groups = b * s * n
         cols = grid_sample(
-            kv_parts[part].reshape(groups, c2 // g, h, w),
-            grids[part].view(groups, kk, hw, 2),
+            kv_parts[part].reshape(b, s, g // halves, c2 // g, h, w)[:, :, lo:hi].reshape(groups, c2 // g, h, w),
+            grids[part][:, :, lo:hi, :, first:last].reshape(groups, kk, pixels, 2),
             mode='bilinear',
             padding_mode='zeros',
             align_corners=False,
-        )  # (B*S*G/halves, 2C/G, kk, HW)
-        return cols.view(b, s, g // halves, c2 // g, kk, hw)
+        )  # (B*S*n, 2C/G, kk, pixels)
+        return cols.view(b, s, n, c2 // g, kk, pixels)
 
-    qh = q.reshape(b, 1, heads, hd, 1, hw) * hd**-0.5
+    # contiguous: the queries come channels-last from their projection, and every product of the attention reads
+    # them along the pixels (a strided operand made each product 1.1-1.2x slower at the released sizes)
+    qh = q.contiguous().view(b, 1, heads, hd, 1, hw) * hd**-0.5
     if halves == 1:
         keys, values = sample(0).view(b, s, 2, heads, hd, kk, hw).unbind(2)
     elif torch.is_grad_enabled():
         keys, values = sample(0).view(b, s, heads, hd, kk, hw), sample(1).view(b, s, heads, hd, kk, hw)
-    else:  # the keys freed before the values are sampled
-        attn = _attention_weights(sample(0).view(b, s, heads, hd, kk, hw), qh)
-        return _weighted_values(sample(1).view(b, s, heads, hd, kk, hw), attn).reshape(b, heads * hd, h, w)
+    else:
+        return _attend_in_pieces(sample, qh, (b, s, heads, hd, kk, hw), g // halves, c2 // g).view(b, heads * hd, h, w)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         out = _AttendSampled.apply(keys, values, qh)
     else:
         out = _weighted_values(values, _attention_weights(keys, qh))
     return out.reshape(b, heads * hd, h, w)
+
+
+def _head_pieces(shape: tuple[int, ...], groups: int, group_channels: int, element_size: int,
+                 device: torch.device) -> list[tuple[int, int, int, int]]:
+    """Pieces of whole key/value groups and whole heads, ``(g0, g1, e0, e1)`` (groups ``g0:g1`` of each part, heads
+    ``e0:e1``): on the CPU each piece's samples (of the keys or the values) at most :data:`CPU_SAMPLES_PIECE_BYTES`,
+    elsewhere, and in a graph being recorded (:func:`~models.layers_conv.in_graph`), one piece.
+
+    Args:
+        shape: (B, S, heads, hd, kk, HW) of the keys (or values).
+        groups: deformable groups of each part (G / 2).
+        group_channels: channels of a group (2C / G).
+    """
+    b, s, heads, hd, kk, hw = shape
+    unit = math.lcm(group_channels, hd)  # the fewest channels that hold whole groups and whole heads
+    unit_groups, unit_heads, units = unit // group_channels, unit // hd, groups * group_channels // unit
+    step = units
+    if device.type == 'cpu' and not in_graph():
+        step = max(1, min(units, CPU_SAMPLES_PIECE_BYTES // (b * s * unit * kk * hw * element_size)))
+    return [(first * unit_groups, min(units, first + step) * unit_groups,
+             first * unit_heads, min(units, first + step) * unit_heads) for first in range(0, units, step)]
+
+
+def _attend_in_pieces(sample: Callable[..., Tensor], qh: Tensor, shape: tuple[int, ...], groups: int,
+                      group_channels: int) -> Tensor:
+    """The attention without autograd for keys and values sampled apart (even G), in :func:`_head_pieces`: each
+    piece's keys are sampled, turned into weights and freed before its values are sampled. On the CPU a piece whose
+    samples still exceed :data:`CPU_SAMPLES_PIECE_BYTES` (one group at a large tile) is taken in runs of query pixels.
+
+    On the CPU the pieces come from reused heap memory instead of fresh pages (glibc maps every block above 32 MiB
+    afresh, and the released RVRTs' samples are 96 MiB a call at 48 x 48, 680 MiB in a 128 x 128 tile). Every head
+    and pixel is computed by the same ops as in one piece, so the output has the same bits.
+
+    Args:
+        sample: ``sample(part, lo, hi, first, last)``, kv part 0 (keys) or 1 (values) of key/value groups
+            ``lo:hi`` at the query pixels ``first:last``, (B, S, hi - lo, group_channels, kk, last - first).
+        qh: (B, 1, heads, hd, 1, HW) scaled queries.
+        shape: (B, S, heads, hd, kk, HW).
+        groups: deformable groups of each part (G / 2).
+        group_channels: channels of a group (2C / G).
+
+    Returns:
+        (B, heads, hd, HW).
+    """
+    b, s, heads, hd, kk, hw = shape
+    pieces = _head_pieces(shape, groups, group_channels, qh.element_size(), qh.device)
+    span = hw
+    if qh.device.type == 'cpu' and not in_graph():
+        g0, g1, e0, e1 = pieces[0]
+        span = max(1, min(hw, CPU_SAMPLES_PIECE_BYTES // (b * s * (e1 - e0) * hd * kk * qh.element_size())))
+    if len(pieces) == 1 and span == hw:
+        attn = _attention_weights(sample(0).view(shape), qh)
+        return _weighted_values(sample(1).view(shape), attn)
+    out = qh.new_empty(b, heads, hd, hw)
+    for g0, g1, e0, e1 in pieces:
+        for first in range(0, hw, span):
+            last = min(hw, first + span)
+            piece = (b, s, e1 - e0, hd, kk, last - first)
+            attn = _attention_weights(sample(0, g0, g1, first, last).view(piece), qh[:, :, e0:e1, ..., first:last])
+            _weighted_values(sample(1, g0, g1, first, last).view(piece), attn, out=out[:, e0:e1, :, first:last])
+    return out
 
 
 def _attention_weights(keys: Tensor, qh: Tensor) -> Tensor:
@@ -180,22 +255,23 @@ def _attention_weights(keys: Tensor, qh: Tensor) -> Tensor:
     return logits.transpose(1, 2).reshape(b, heads, s * kk, hw).softmax(dim=2)
 
 
-def _weighted_values(values: Tensor, attn: Tensor) -> Tensor:
+def _weighted_values(values: Tensor, attn: Tensor, out: Tensor | None = None) -> Tensor:
     """The attention-weighted sum of the sampled values: values (B, S, heads, hd, kk, HW), attn (B, heads, S * kk,
-    HW) -> (B, heads, hd, HW)."""
+    HW) -> (B, heads, hd, HW), written into ``out`` where given (no autograd)."""
     b, s, heads, hd, kk, hw = values.shape
     weights = attn.view(b, heads, s, kk, 1, hw)
-    return _mul_sum((values[:, i, :, :, k], weights[:, :, i, k]) for i in range(s) for k in range(kk))
+    return _mul_sum(((values[:, i, :, :, k], weights[:, :, i, k]) for i in range(s) for k in range(kk)), out)
 
 
-def _mul_sum(pairs: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
-    """``sum(a * b for a, b in pairs)`` as running multiply-adds into the first product, in the pairs' order.
+def _mul_sum(pairs: Iterable[tuple[Tensor, Tensor]], out: Tensor | None = None) -> Tensor:
+    """``sum(a * b for a, b in pairs)`` as running multiply-adds into the first product, in the pairs' order
+    (into ``out`` where given).
 
     Each sum of the attention and its backward runs over a small axis one slice at a time: a product of the whole
     samples' size, then its sum, wrote and read back the largest tensor of the call (1.9x slower)."""
     pairs = iter(pairs)
     a, b = next(pairs)
-    total = a * b
+    total = a * b if out is None else torch.mul(a, b, out=out)
     for a, b in pairs:
         total.addcmul_(a, b)
     return total

@@ -141,6 +141,39 @@ def test_keys_and_values_sampled_apart_for_an_even_group_count(monkeypatch, grou
     torch.testing.assert_close(out, naive_deform_attn(q, kv, offset, *args), rtol=1e-10, atol=1e-10)
 
 
+def test_without_autograd_the_cpu_attends_in_pieces_of_whole_heads(monkeypatch):
+    """Without autograd on the CPU the keys and the values are sampled in pieces of whole groups and whole heads,
+    each at most CPU_SAMPLES_PIECE_BYTES of samples (2 groups of 6 channels hold 3 heads of 4: the smallest piece),
+    and a piece still above it in runs of query pixels; the output has the bits of one piece and of the autograd
+    path whatever the pieces."""
+    q, kv, offset = attn_inputs(c=24, groups=8, dtype=torch.float32)  # 5 x 6 pixels
+    args = (3, 3, 1, 1, 1, 6, 8, 2)
+    sampled = []
+
+    def spy(x, grid, **kwargs):
+        sampled.append((x.shape[0] * x.shape[1] // 4, grid.shape[2]))  # channels per query and kv frame, pixels
+        return grid_sample(x, grid, **kwargs)
+
+    grid_sample = layers_deform_attn.grid_sample
+    monkeypatch.setattr(layers_deform_attn, "grid_sample", spy)
+    smallest = 2 * 2 * 12 * 9 * 4  # bytes of one pixel's samples of a piece: 2 query x 2 kv frames, 12 channels
+    expected = {
+        2**40: [(24, 30)] * 2,  # keys, values
+        smallest * 30: [(12, 30)] * 4,  # each piece's keys, values
+        smallest * 16: [(12, 16), (12, 16), (12, 14), (12, 14)] * 2,  # and in runs of 16 pixels
+    }
+    outs = []
+    for budget, calls in expected.items():
+        monkeypatch.setattr(layers_deform_attn, "CPU_SAMPLES_PIECE_BYTES", budget)
+        sampled.clear()
+        with torch.no_grad():
+            outs.append(deform_attn(q, kv, offset, *args))
+        assert sampled == calls, budget
+    outs.append(deform_attn(q, kv, offset.requires_grad_(), *args).detach())
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+
+
 def test_autocast_bf16_cpu():
     q, kv, offset = attn_inputs(c=4, dtype=torch.float32)
     ref = deform_attn(q, kv, offset, 3, 3, 1, 1, 1, 2, 2, 2)
