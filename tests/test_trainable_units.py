@@ -30,14 +30,14 @@ FIXTURE = os.path.join(ROOT, "tests", "fixtures", "resume_before_units")
 FIELDS_RE = re.compile(r"iter:\s+([\d,]+), lr:(\S+)> (G_loss: .*?) sec_iter")  # what make_fixture.py kept
 
 
-# On a CPU whose kernels differ from the recording machine's (another dispatch level, vendor or instruction set),
-# float sums run in another order, and Adam's first steps after the fix_iter phase change (a fresh moment for the
-# unfrozen layer) move each weight by about +-lr whatever the size of its gradient, so a gradient near zero that
-# rounds to the other sign moves its weight by ~2 lr: the runs then part by far more than rounding. Each file is
-# compared there by its difference's L2 norm relative to the recorded file's (weights, EMA, optimizer moments). On an
-# AMD EPYC with AVX-512 (Zen 4), rounding alone gave plain G 2.7e-4, E 5.8e-5, optimizerG 3.5e-3; GAN G 2.0e-4,
-# E 2.5e-5, D 8.3e-4, optimizerG 1.5e-3, optimizerD 1.25e-2; the resumes these tests exist to catch gave, on that
-# machine: the EMA copy restarted from G, plain E 1.2e-2, GAN E 8.3e-3; G's optimizer restarted, plain G 1.45e-2,
+# On a CPU whose kernels differ from the recording machine's (another dispatch level, vendor, model, instruction set
+# or cache sizes), float sums run in another order, and Adam's first steps after the fix_iter phase change (a fresh
+# moment for the unfrozen layer) move each weight by about +-lr whatever the size of its gradient, so a gradient near
+# zero that rounds to the other sign moves its weight by ~2 lr: the runs then part by far more than rounding. Each
+# file is compared there by its difference's L2 norm relative to the recorded file's (weights, EMA, optimizer
+# moments). On an AMD EPYC with AVX-512 (Zen 4), rounding alone gave plain G 2.7e-4, E 5.8e-5, optimizerG 3.5e-3; GAN
+# G 2.0e-4, E 2.5e-5, D 8.3e-4, optimizerG 1.5e-3, optimizerD 1.25e-2; the resumes these tests exist to catch gave, on
+# that machine: the EMA copy restarted from G, plain E 1.2e-2, GAN E 8.3e-3; G's optimizer restarted, plain G 1.45e-2,
 # optimizerG 0.21, GAN G 9.4e-3, optimizerG 0.35; D's optimizer restarted, D 3.7e-2, optimizerD 0.54. Each bound
 # sits between the two. Step counts, learning rates, the GradScaler, the RNG streams and the sampler position are
 # compared exactly everywhere.
