@@ -104,10 +104,10 @@ def _attend_frames(
     With an even number of deformable groups the keys (the first half of the groups) and the values are sampled by
     two calls, each into a tensor half the size of all samples: where no gradient is recorded the keys are freed
     before the values are sampled (on the CPU in pieces of whole heads, :func:`_attend_in_pieces`), and in backward
-    each half's gradient is its own tensor. Below glibc's largest
-    mmap threshold (32 MiB) such halves come from reused heap blocks; the whole samples (RVRT tiny: 54 MiB a call)
-    were mapped afresh and faulted in page by page on every call (benchmarks/RESULTS.md, "RVRT speed by profiling,
-    session 6"). The same values: grid_sample samples each channel on its own.
+    each half's gradient is its own tensor. Below glibc's largest mmap threshold (32 MiB) such halves come from reused
+    heap blocks; the whole samples (RVRT tiny: 54 MiB a call) were mapped afresh and faulted in page by page on every
+    call (benchmarks/RESULTS.md, "RVRT speed by profiling, session 6"). The same values: grid_sample samples each
+    channel on its own.
 
     Args:
         q: (B, C, H, W) queries.
@@ -162,14 +162,15 @@ def _attend_frames(
         return cols.view(b, s, n, c2 // g, kk, pixels)
 
     # contiguous: the queries come channels-last from their projection, and every product of the attention reads
-    # them along the pixels (a strided operand made each product 1.1-1.2x slower at the released sizes)
+    # them along the pixels (strided, the core took 1.07x as long at the released size 001)
     qh = q.contiguous().view(b, 1, heads, hd, 1, hw) * hd**-0.5
     if halves == 1:
         keys, values = sample(0).view(b, s, 2, heads, hd, kk, hw).unbind(2)
     elif torch.is_grad_enabled():
         keys, values = sample(0).view(b, s, heads, hd, kk, hw), sample(1).view(b, s, heads, hd, kk, hw)
     else:
-        return _attend_in_pieces(sample, qh, (b, s, heads, hd, kk, hw), g // halves, c2 // g).view(b, heads * hd, h, w)
+        out = _attend_in_pieces(sample, qh, (b, s, heads, hd, kk, hw), g // halves, c2 // g)
+        return out.reshape(b, heads * hd, h, w)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         out = _AttendSampled.apply(keys, values, qh)
     else:
