@@ -178,32 +178,39 @@ def _attend_frames(
     return out.reshape(b, heads * hd, h, w)
 
 
-def _head_pieces(shape: tuple[int, ...], groups: int, group_channels: int, element_size: int,
-                 device: torch.device) -> list[tuple[int, int, int, int]]:
-    """Pieces of whole key/value groups and whole heads, ``(g0, g1, e0, e1)`` (groups ``g0:g1`` of each part, heads
-    ``e0:e1``): on the CPU each piece's samples (of the keys or the values) at most :data:`CPU_SAMPLES_PIECE_BYTES`,
-    elsewhere, and in a graph being recorded (:func:`~models.layers_conv.in_graph`), one piece.
+def _pieces(shape: tuple[int, ...], groups: int, group_channels: int,
+            budget: int | None) -> tuple[list[tuple[int, int, int, int]], int]:
+    """Plan the attention's pieces: whole key/value groups and whole heads ``(g0, g1, e0, e1)`` (groups ``g0:g1`` of
+    each part, heads ``e0:e1``), each piece's samples (of the keys or the values) at most ``budget`` elements, and the
+    run of query pixels a piece is taken in when one piece alone exceeds it (one group at a large tile).
 
     Args:
         shape: (B, S, heads, hd, kk, HW) of the keys (or values).
         groups: deformable groups of each part (G / 2).
         group_channels: channels of a group (2C / G).
+        budget: elements a piece's samples may hold; None for one piece of every pixel.
+
+    Returns:
+        (pieces, span): the pieces in order, and the number of query pixels taken at a time.
     """
     b, s, heads, hd, kk, hw = shape
     unit = math.lcm(group_channels, hd)  # the fewest channels that hold whole groups and whole heads
     unit_groups, unit_heads, units = unit // group_channels, unit // hd, groups * group_channels // unit
-    step = units
-    if device.type == 'cpu' and not in_graph():
-        step = max(1, min(units, CPU_SAMPLES_PIECE_BYTES // (b * s * unit * kk * hw * element_size)))
-    return [(first * unit_groups, min(units, first + step) * unit_groups,
-             first * unit_heads, min(units, first + step) * unit_heads) for first in range(0, units, step)]
+    if budget is None:
+        return [(0, groups, 0, heads)], hw
+    step = max(1, min(units, budget // (b * s * unit * kk * hw)))
+    pieces = [(first * unit_groups, min(units, first + step) * unit_groups,
+               first * unit_heads, min(units, first + step) * unit_heads) for first in range(0, units, step)]
+    span = max(1, min(hw, budget // (b * s * step * unit * kk)))
+    return pieces, span
 
 
 def _attend_in_pieces(sample: Callable[..., Tensor], qh: Tensor, shape: tuple[int, ...], groups: int,
                       group_channels: int) -> Tensor:
-    """The attention without autograd for keys and values sampled apart (even G), in :func:`_head_pieces`: each
-    piece's keys are sampled, turned into weights and freed before its values are sampled. On the CPU a piece whose
-    samples still exceed :data:`CPU_SAMPLES_PIECE_BYTES` (one group at a large tile) is taken in runs of query pixels.
+    """The attention without autograd for keys and values sampled apart (even G), in the pieces of :func:`_pieces`:
+    each piece's keys are sampled, turned into weights and freed before its values are sampled. On the CPU (outside
+    a graph being recorded, :func:`~models.layers_conv.in_graph`) a piece's samples are at most
+    :data:`CPU_SAMPLES_PIECE_BYTES`; elsewhere all is one piece.
 
     On the CPU the pieces come from reused heap memory instead of fresh pages (glibc maps every block above 32 MiB
     afresh, and the released RVRTs' samples are 96 MiB a call at 48 x 48, 680 MiB in a 128 x 128 tile). Every head
@@ -221,11 +228,8 @@ def _attend_in_pieces(sample: Callable[..., Tensor], qh: Tensor, shape: tuple[in
         (B, heads, hd, HW).
     """
     b, s, heads, hd, kk, hw = shape
-    pieces = _head_pieces(shape, groups, group_channels, qh.element_size(), qh.device)
-    span = hw
-    if qh.device.type == 'cpu' and not in_graph():
-        g0, g1, e0, e1 = pieces[0]
-        span = max(1, min(hw, CPU_SAMPLES_PIECE_BYTES // (b * s * (e1 - e0) * hd * kk * qh.element_size())))
+    budget = CPU_SAMPLES_PIECE_BYTES // qh.element_size() if qh.device.type == 'cpu' and not in_graph() else None
+    pieces, span = _pieces(shape, groups, group_channels, budget)
     if len(pieces) == 1 and span == hw:
         attn = _attention_weights(sample(0).view(shape), qh)
         return _weighted_values(sample(1).view(shape), attn)
