@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from models.layers_conv import in_graph
+from models.layers_conv import CPU_HEAP_PIECE_BYTES, in_graph
 from models.layers_warp import autocast_off, grid_sample
 
 _COMPILED: dict[str, object] = {}
@@ -51,11 +51,11 @@ _COMPILED: dict[str, object] = {}
 # faster (benchmarks/RESULTS.md, "RVRT's guided deformable attention"); the released sizes (576 kv channels) sample
 # 324 MiB a call at 64 x 64, and recompute.
 RECOMPUTE_ABOVE_BYTES = 64 * 2**20
-# Samples of one piece of the attention without autograd on the CPU (:func:`_attend_in_pieces`): below glibc's largest
-# mmap threshold (32 MiB), so that the pieces reuse heap memory; the 96 MiB samples of a released RVRT's call at
-# 48 x 48 were mapped afresh and faulted in, page by page, on every call (benchmarks/RESULTS.md, "Issue 29 on the
-# Intel Xeon, session 14").
-CPU_SAMPLES_PIECE_BYTES = 16 * 2**20
+# Samples of one piece of the attention without autograd on the CPU (:func:`_attend_in_pieces`), a heap-sized piece
+# (:data:`~models.layers_conv.CPU_HEAP_PIECE_BYTES`): the 96 MiB samples of a released RVRT's call at 48 x 48 were
+# mapped afresh and faulted in, page by page, on every call (benchmarks/RESULTS.md, "Issue 29 on the Intel Xeon,
+# session 14").
+CPU_SAMPLES_PIECE_BYTES = CPU_HEAP_PIECE_BYTES
 
 
 def pair(value: int | Sequence[int]) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from einops.layers.torch import Rearrange
 from torch import Tensor, nn
 
 from models.layers_attention import RTMSA, TMSAG, MlpGEGLU, Size3
-from models.layers_conv import FrameConv, Upsample, conv_layout, in_graph
+from models.layers_conv import CPU_HEAP_PIECE_BYTES, FrameConv, Upsample, conv_layout, in_graph
 from models.layers_deform_conv import DCNv2PackFlowGuided
 from models.layers_linear import Linear
 from models.layers_warp import flow_warp, pad
@@ -37,11 +37,10 @@ from models.network_spynet import SpyNet
 logger = logging.getLogger(__name__)
 
 # Bytes of the upsampling head's largest activation (64 channels at the output resolution) per call without autograd;
-# on the CPU below glibc's 32 MiB mmap ceiling, so that freed activations are reused from the heap instead of mapped
-# and faulted in afresh on every call (tiny forward 1.047x, 67k -> 17k page faults; benchmarks/RESULTS.md, "Issue 29
-# on the Intel Xeon again").
+# on the CPU a heap-sized piece (:data:`~models.layers_conv.CPU_HEAP_PIECE_BYTES`: tiny forward 1.047x, 67k -> 17k
+# page faults; benchmarks/RESULTS.md, "Issue 29 on the Intel Xeon again").
 HEAD_CHUNK_BYTES = 256 * 2**20
-CPU_HEAD_CHUNK_BYTES = 16 * 2**20
+CPU_HEAD_CHUNK_BYTES = CPU_HEAP_PIECE_BYTES
 
 
 class Stage(nn.Module):
