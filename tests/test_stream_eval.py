@@ -411,9 +411,13 @@ def _video_matches_pngs(save_dir) -> None:
     pngs = torch.stack([torch.from_numpy(imread_rgb(str(save_dir / "long" / n))).permute(2, 0, 1) for n in names])
     assert frames.shape == pngs.shape == (23, 3, 48, 64) and fps == 25
     errors = ((frames[:, None] - pngs[None]) ** 2).mean(dim=(2, 3, 4))  # (video frame, PNG)
-    # above 17 dB (the untrained network's noisy output is hard for H.264 at 64x48), and nearest its own PNG
+    # above 17 dB (the untrained network's noisy output is hard for H.264 at 64x48), and as near its own PNG as any
+    # other within 10%: some neighbouring outputs of the untrained network are as near each other as the codec's
+    # noise (video frame 1 against PNGs 1 and 2: 0.0122 and 0.0122, its own 0.996-1.005x the nearest other), while
+    # frames 0 and 1 swapped are 1.38x and 2.4x, and most frames of a video shifted by one 1.25-2.9x
     assert bool((errors.diagonal() < 0.02).all()), errors.diagonal()
-    assert bool((errors.argmin(dim=1) == torch.arange(23)).all()), errors.argmin(dim=1)
+    ratio = errors.diagonal() / errors.min(dim=1).values
+    assert bool((ratio <= 1.1).all()), ratio
 
 
 def _markers(save_dir) -> list[dict]:
