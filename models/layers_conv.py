@@ -23,7 +23,7 @@ from torch import Tensor, nn
 # The most one piece of work cut up for the CPU's heap allocates at a time (VRT's upsampling head, RVRT's guided
 # attention's samples, each without autograd): glibc maps every block above its mmap threshold, which tops out at 32
 # MiB, afresh and faults it in page by page on every call; at half of that a freed piece's memory is taken again by
-# the next (benchmarks/RESULTS.md, "Issue 29 on the Intel Xeon again" and "... session 14").
+# the next (benchmarks/RESULTS.md, "Issue 29 on the Intel Xeon again" and "Issue 29 on the Intel Xeon, session 14").
 CPU_HEAP_PIECE_BYTES = 16 * 2**20
 
 
