@@ -194,10 +194,10 @@ def _pieces(shape: tuple[int, ...], groups: int, group_channels: int,
         (pieces, span): the pieces in order, and the number of query pixels taken at a time.
     """
     b, s, heads, hd, kk, hw = shape
-    unit = math.lcm(group_channels, hd)  # the fewest channels that hold whole groups and whole heads
-    unit_groups, unit_heads, units = unit // group_channels, unit // hd, groups * group_channels // unit
     if budget is None:
         return [(0, groups, 0, heads)], hw
+    unit = math.lcm(group_channels, hd)  # the fewest channels that hold whole groups and whole heads
+    unit_groups, unit_heads, units = unit // group_channels, unit // hd, groups * group_channels // unit
     step = max(1, min(units, budget // (b * s * unit * kk * hw)))
     pieces = [(first * unit_groups, min(units, first + step) * unit_groups,
                first * unit_heads, min(units, first + step) * unit_heads) for first in range(0, units, step)]
@@ -212,9 +212,9 @@ def _attend_in_pieces(sample: Callable[..., Tensor], qh: Tensor, shape: tuple[in
     a graph being recorded, :func:`~models.layers_conv.in_graph`) a piece's samples are at most
     :data:`CPU_SAMPLES_PIECE_BYTES`; elsewhere all is one piece.
 
-    On the CPU the pieces come from reused heap memory instead of fresh pages (glibc maps every block above 32 MiB
-    afresh, and the released RVRTs' samples are 96 MiB a call at 48 x 48, 680 MiB in a 128 x 128 tile). Every head
-    and pixel is computed by the same ops as in one piece, so the output has the same bits.
+    The released RVRTs' samples are 96 MiB a call at 48 x 48 and 680 MiB in a 128 x 128 tile; pieces of
+    :data:`~models.layers_conv.CPU_HEAP_PIECE_BYTES` come from reused heap memory instead. Every head and pixel is
+    computed by the same ops as in one piece, so the output has the same bits.
 
     Args:
         sample: ``sample(part, lo, hi, first, last)``, kv part 0 (keys) or 1 (values) of key/value groups
