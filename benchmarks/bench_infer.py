@@ -238,9 +238,9 @@ def main() -> None:
     p.add_argument("--amp", nargs="+", default=["none"], choices=sorted(AMP))
     p.add_argument("--frames", type=int, default=6)
     p.add_argument("--size", type=int, nargs=2, default=[96, 96], help="LQ height width")
-    # a temporal tile shorter than the window (6 for the tiny preset) shrinks the network's windows, which no
-    # released recipe does (their tiles are 12-40 frames): KAIR's attention is then relatively cheaper (RESULTS.md)
-    p.add_argument("--tile", type=int, nargs=2, default=[6, 64],
+    # a temporal tile shorter than the window shrinks the network's windows, which no released recipe does (their
+    # tiles are 12-40 frames): KAIR's attention is then relatively cheaper (RESULTS.md)
+    p.add_argument("--tile", type=int, nargs=2, default=[TINY["window_size"][0], 64],
                    help="frames, pixels (0 = no tiling); default: whole windows of the tiny preset")
     p.add_argument("--tile_overlap", type=int, nargs=2, default=[2, 16])
     p.add_argument("--repeat", type=int, default=2)
